@@ -1,0 +1,22 @@
+"""pyro_sparsegp: sparse variational Gaussian processes as Pyro distributions, guides and modules."""
+from . import bounds, conditionals, distributions, infer, kernels, likelihoods, linalg, variational
+from .layers import SVGP
+from .likelihoods import Bernoulli, Gaussian, Likelihood
+from .linalg import CholeskyJitterWarning
+
+__version__ = "0.1.0"
+__all__ = [
+    "SVGP",
+    "Likelihood",
+    "Gaussian",
+    "Bernoulli",
+    "CholeskyJitterWarning",
+    "bounds",
+    "conditionals",
+    "distributions",
+    "infer",
+    "kernels",
+    "likelihoods",
+    "linalg",
+    "variational",
+]

@@ -1,0 +1,27 @@
+"""All KL divergences the package registers with :func:`torch.distributions.kl.register_kl`, so that
+``TraceMeanField_ELBO`` evaluates them in closed form. Each returns exactly the broadcast batch shape."""
+import torch
+from torch.distributions import Independent, MultivariateNormal, Normal, register_kl
+
+
+@register_kl(MultivariateNormal, Independent)
+def _kl_mvn_diag_normal(q, p):
+    r"""KL[N(m, S) || N(mu, diag(s^2))], the whitened-prior case (Hensman 2015 eq. 21's KL with ``Kuu = I``):
+
+    .. math:: \tfrac12 \sum_i \big[(S_{ii} + (m_i - \mu_i)^2)/s_i^2 - 1 + 2\log s_i\big] - \sum_i \log L_{ii}
+
+    costs ``O(M^2)`` instead of the ``O(M^3)`` triangular solve of the generic Gaussian KL.
+    """
+    if not isinstance(p.base_dist, Normal) or p.reinterpreted_batch_ndims != 1:
+        raise NotImplementedError
+    loc, scale = p.base_dist.loc, p.base_dist.scale  # [..., M]
+    L = q.scale_tril  # [..., M, M]
+    var_p = scale.pow(2)
+    S_diag = L.pow(2).sum(-1)  # [..., M]
+    half_logdet_q = L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    M = q.event_shape[0]
+    kl = 0.5 * ((S_diag + (q.loc - loc).pow(2)) / var_p).sum(-1) - 0.5 * M + scale.log().sum(-1) - half_logdet_q
+    shape = torch.broadcast_shapes(q.batch_shape, p.batch_shape)
+    return kl.expand(shape)
+
+

@@ -1,0 +1,14 @@
+"""Inference: natural-gradient steps and the ``fit`` training loop."""
+from .fit import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
+from .natgrad import gaussian_natgrad_step, natgrad_step
+
+__all__ = [
+    "fit",
+    "FitState",
+    "NonFiniteLossError",
+    "EpochBatchSampler",
+    "save_checkpoint",
+    "load_checkpoint",
+    "natgrad_step",
+    "gaussian_natgrad_step",
+]

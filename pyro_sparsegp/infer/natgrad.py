@@ -1,0 +1,109 @@
+r"""Natural-gradient steps for q(u) (Hensman, Fusi, Lawrence 2013, section 3.2).
+
+With natural parameters :math:`\theta = (S^{-1}m, -\tfrac12 S^{-1})` and expectation parameters
+:math:`\eta = (m, S + mm^T)`, the natural gradient of the ELBO is its ordinary gradient with respect to
+:math:`\eta`. Because :math:`\nabla_\eta(-\mathrm{KL}[q\|p]) = \theta_p - \theta`, a step of length :math:`\rho` is
+
+.. math:: \theta \leftarrow (1-\rho)\,\theta + \rho\,(\theta_p + g), \qquad
+          g = \tfrac{N}{B}\,\nabla_\eta \sum_{n \in \text{batch}} \mathbb{E}_{q(f_n)}[\log p(y_n|f_n)].
+
+For a Gaussian likelihood :math:`g` is closed form (Hensman 2013 eqs. 5-6 with the minibatch scaling of section
+3.2): :math:`g_1 = \beta\tfrac{N}{B} A y`, :math:`g_2 = -\tfrac{\beta}{2}\tfrac{N}{B} A A^T`, with
+:math:`A = K_{uu}^{-1}K_{uf}` (or :math:`L_{uu}^{-1}K_{uf}` whitened), and a full-batch step of length 1 lands on
+the optimal q(u). For other likelihoods :func:`natgrad_step` obtains :math:`g` by automatic differentiation of the
+quadrature expected log-likelihood with respect to :math:`(m, S)`, using
+:math:`\nabla_{\eta_1} = \nabla_m - 2(\nabla_S) m`, :math:`\nabla_{\eta_2} = \nabla_S`.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..likelihoods import Gaussian
+from ..linalg import solve_lower
+from ..variational import from_natural, to_natural
+
+__all__ = ["natgrad_step", "gaussian_natgrad_step"]
+
+
+def _prior_natural(svgp, Luu):
+    M = svgp.Z.shape[-2]
+    eye = torch.eye(M, dtype=Luu.dtype, device=Luu.device)
+    if svgp.whiten:
+        prec = eye
+    else:
+        Linv = solve_lower(Luu, eye.expand_as(Luu))
+        prec = Linv.mT @ Linv
+    return -0.5 * prec
+
+
+def _A(svgp, Luu, W):
+    return W if svgp.whiten else solve_lower(Luu, W, transpose=True)
+
+
+def _targets(svgp, y):
+    if svgp.num_outputs is not None and svgp.likelihood.latent_dim == 1:
+        return y.mT  # [L, B]
+    return y
+
+
+@torch.no_grad()
+def _apply(svgp, g1, g2, Luu, lr):
+    q = svgp.q_u
+    theta1, theta2 = to_natural(q.u_loc, q.u_scale_tril)
+    p2 = _prior_natural(svgp, Luu)
+    if svgp.num_outputs is not None and p2.dim() == 2:
+        p2 = p2.expand(svgp.num_outputs, *p2.shape)
+    new1 = (1 - lr) * theta1 + lr * g1
+    new2 = (1 - lr) * theta2 + lr * (p2 + g2)
+    m, L = from_natural(new1, new2)
+    q.set(m, L)
+
+
+def _squeeze_outputs(svgp, Luu, W, kdiag):
+    if svgp.num_outputs is not None:
+        if Luu.dim() == 2:
+            Luu = Luu.expand(svgp.num_outputs, *Luu.shape)
+        W = W.expand(svgp.num_outputs, *W.shape[-2:])
+        kdiag = kdiag.expand(svgp.num_outputs, kdiag.shape[-1])
+    return Luu, W, kdiag
+
+
+def gaussian_natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 1.0, num_data: int | None = None):
+    """Closed-form natural-gradient step for q(u) of an :class:`~pyro_sparsegp.SVGP` with a Gaussian likelihood
+    on the minibatch ``(X, y)`` of a data set of ``num_data`` points (default: ``len(X)``, the full batch)."""
+    if not isinstance(svgp.likelihood, Gaussian):
+        raise TypeError("gaussian_natgrad_step needs a Gaussian likelihood; use natgrad_step")
+    with torch.no_grad():
+        Luu, W, kdiag = _squeeze_outputs(svgp, *svgp._stats(X, consume=True))
+        scale = (num_data or X.shape[-2]) / X.shape[-2]
+        beta = 1.0 / svgp.likelihood.noise
+        A = _A(svgp, Luu, W)  # [(L,) M, B]
+        yt = _targets(svgp, y)
+        g1 = beta * scale * (A @ yt.unsqueeze(-1)).squeeze(-1)
+        g2 = -0.5 * beta * scale * (A @ A.mT)
+        _apply(svgp, g1, g2, Luu, lr)
+
+
+def natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 0.1, num_data: int | None = None):
+    """Natural-gradient step for q(u) of an :class:`~pyro_sparsegp.SVGP` with any likelihood (expected
+    log-likelihood by the likelihood's quadrature or closed form). See the module docstring."""
+    with torch.no_grad():
+        Luu, W, kdiag = _squeeze_outputs(svgp, *svgp._stats(X, consume=True))
+        A = _A(svgp, Luu, W)
+        q = svgp.q_u
+        m0 = q.u_loc.detach()
+        L0 = q.u_scale_tril.detach()
+        S0 = L0 @ L0.mT
+    scale = (num_data or X.shape[-2]) / X.shape[-2]
+    with torch.enable_grad():
+        m = m0.clone().requires_grad_(True)
+        S = S0.clone().requires_grad_(True)
+        loc = (m.unsqueeze(-2) @ A).squeeze(-2)
+        var = (kdiag - W.pow(2).sum(-2) + (A * (S @ A)).sum(-2)).clamp(min=1e-12)
+        ell = svgp.likelihood.expected_log_prob(_targets(svgp, y), loc, var).sum() * scale
+        gm, gS = torch.autograd.grad(ell, (m, S))
+    with torch.no_grad():
+        gS = 0.5 * (gS + gS.mT)
+        g1 = gm - 2 * (gS @ m0.unsqueeze(-1)).squeeze(-1)
+        _apply(svgp, g1, gS, Luu, lr)
+

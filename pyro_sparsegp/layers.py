@@ -1,0 +1,281 @@
+r"""High-level PyroModules. :class:`SVGP` wraps the site contract of ``DESIGN.md``:
+
+=================  ======================================  ==========================================
+site               model                                   guide
+=================  ======================================  ==========================================
+``<name>.u``       ``N(0, Kuu)`` (``N(0, I)`` whitened)    ``q(u) = N(u_loc, u_scale_tril u_scale_tril^T)``
+``<name>.f``       ``p(f | u)``                            the same ``p(f | u)``
+``y``              ``likelihood.distribution(f)``          —
+=================  ======================================  ==========================================
+
+Because the guide samples ``f`` from the same conditional as the model, ``log p(f|u) - log q(f|u)`` cancels and
+``Trace_ELBO`` is an unbiased estimate of Hensman, Matthews, Ghahramani (2015) eq. 21 (Hensman 2013 L3 for a
+Gaussian likelihood); ``TraceMeanField_ELBO`` makes the KL analytic.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule, PyroParam, pyro_method
+from torch.distributions import constraints
+
+from . import conditionals as cond
+from .distributions import MarginalizedLikelihood
+from .kernels import expected_input_dim, kernel_diag, kernel_matrix
+from .likelihoods import Likelihood
+from .linalg import cholesky
+from .variational import GaussianQ
+
+__all__ = ["SVGP"]
+
+
+def _check_finite(name, t):
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} contains NaN or inf")
+
+
+class SVGP(PyroModule):
+    r"""Sparse variational GP (Hensman, Fusi, Lawrence 2013; Hensman, Matthews, Ghahramani 2015).
+
+    :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel` (its hyperparameters are trained).
+    :param torch.Tensor Z: initial inducing inputs ``[M, D]`` (shared) or ``[L, M, D]`` (one set per output).
+    :param likelihood: a :class:`~pyro_sparsegp.likelihoods.Likelihood`, or ``None`` for a hidden layer.
+    :param int num_outputs: ``L`` independent outputs (``None``: a single output).
+    :param bool whiten: put the prior ``N(0, I)`` on ``v = Luu^{-1} u`` instead of ``N(0, Kuu)`` on ``u``.
+    :param str name: prefix of the sample sites.
+    :param bool integrate_f: observe ``y`` from :class:`MarginalizedLikelihood` (``f`` integrated out given ``u``;
+        same bound, lower variance) instead of sampling the ``<name>.f`` site.
+
+    Shapes (``B`` points, ``L`` outputs):
+
+    ==================  ====================  =====================================
+    method              input                 output
+    ==================  ====================  =====================================
+    ``model/guide``     ``X [N, D]``, y       ``f [B]`` or ``f [L, B]``
+    ``sample_f``        ``X [..., B, D]``     ``f [..., B]`` or ``[..., L, B]``
+    ``predict``         ``X [..., N, D]``     ``(mean, var)`` each ``[..., N]`` or ``[..., L, N]``
+    ==================  ====================  =====================================
+
+    ``y`` is ``[N]`` for one output, ``[N, L]`` for ``L`` outputs of an element-wise likelihood and ``[N]`` for a
+    likelihood of ``L`` latent functions (``likelihood.latent_dim == L``, e.g. robust-max).
+    """
+
+    def __init__(
+        self,
+        kernel,
+        Z: torch.Tensor,
+        likelihood: Likelihood | None = None,
+        num_outputs: int | None = None,
+        whiten: bool = True,
+        name: str = "gp",
+        integrate_f: bool = False,
+        jitter: float | None = None,
+    ):
+        super().__init__()
+        if Z.dim() not in (2, 3):
+            raise ValueError(f"Z must be [M, D] or [L, M, D], got shape {tuple(Z.shape)}")
+        if Z.dim() == 3 and (num_outputs is None or Z.shape[0] != num_outputs):
+            raise ValueError(f"Z of shape {tuple(Z.shape)} needs num_outputs == {Z.shape[0]}")
+        _check_finite("Z", Z)
+        if expected_input_dim(kernel) not in (None, Z.shape[-1]):
+            raise ValueError(f"Z has {Z.shape[-1]} features but the kernel expects input_dim={kernel.input_dim}")
+        self.kernel = kernel
+        self.Z = PyroParam(Z.clone(), constraints.real)
+        self.likelihood = likelihood
+        self.num_outputs = num_outputs
+        self.whiten = whiten
+        self.name = name
+        self.integrate_f = integrate_f
+        self.jitter = jitter
+        M = Z.shape[-2]
+        scale_tril = None
+        if not whiten:  # start at the prior q(u) = p(u)
+            with torch.no_grad():
+                scale_tril = cholesky(kernel_matrix(kernel, Z.detach()), jitter)
+        self.q_u = GaussianQ(M, num_outputs, scale_tril)
+        self._cache = {}
+
+    # -- covariances, computed once per ELBO evaluation ---------------------------------------------------------
+    def _param_key(self):
+        return tuple((p.data_ptr(), p._version) for p in self.parameters()) + (torch.is_grad_enabled(),)
+
+    def _luu(self, consume: bool):
+        key = ("luu", self._param_key())
+        if consume and key in self._cache:
+            return self._cache.pop(key)
+        Luu = cholesky(kernel_matrix(self.kernel, self.Z), self.jitter)  # [M, M] or [L, M, M]
+        if not consume:
+            self._cache = {key: Luu}
+        return Luu
+
+    @pyro_method
+    def _stats(self, X: torch.Tensor, consume: bool):
+        """``(Luu, W, kff_diag)`` for inputs ``X`` ``[..., B, D]``.
+
+        One-shot cache: the guide (``consume=False``) always computes them afresh and keeps them; the model
+        (``consume=True``), which Pyro runs after the guide with the same parameters, takes them out if the key
+        (inputs, parameter storage and versions, grad mode) matches, else computes its own. So each ELBO
+        evaluation pays for one Cholesky and one solve, and nothing stale is ever read twice."""
+        key = ("stats", id(X), X._version, X.shape, self._param_key())
+        if consume and key in self._cache:
+            return self._cache.pop(key)
+        Luu = self._luu(consume)
+        Z = self.Z
+        Xk = X if Z.dim() == 2 else X.unsqueeze(-3)  # per-output Z: [..., 1, B, D]
+        Kuf = kernel_matrix(self.kernel, Z, Xk)  # [..., (L,) M, B]
+        W = cond.project(Luu, Kuf)
+        kdiag = kernel_diag(self.kernel, X)  # [..., B]
+        if self.num_outputs is not None:
+            kdiag = kdiag.unsqueeze(-2)
+            if Z.dim() == 2:
+                W = W.unsqueeze(-3)  # [..., 1, M, B]
+        stats = (Luu, W, kdiag)
+        if not consume:
+            self._cache[key] = stats
+        return stats
+
+    # -- distributions ------------------------------------------------------------------------------------------
+    @pyro_method
+    def prior(self, Luu: torch.Tensor | None = None) -> dist.MultivariateNormal:
+        """``p(u) = N(0, Kuu)`` (``N(0, I)`` when whitened), batch shape ``()`` or ``[L, 1]``."""
+        M = self.Z.shape[-2]
+        batch = () if self.num_outputs is None else (self.num_outputs, 1)
+        zeros = torch.zeros(batch + (M,), dtype=self.Z.dtype, device=self.Z.device)
+        if self.whiten:
+            return dist.Normal(zeros, 1.0).to_event(1)
+        if Luu is None:
+            Luu = self._luu(consume=False)
+        if self.num_outputs is not None:
+            Luu = Luu.unsqueeze(-3).expand(batch + (M, M))
+        return dist.MultivariateNormal(zeros, scale_tril=Luu)
+
+    @pyro_method
+    def posterior(self) -> dist.MultivariateNormal:
+        """``q(u)``, batch shape ``()`` or ``[L, 1]``."""
+        return self.q_u()
+
+    @pyro_method
+    def conditional(self, X: torch.Tensor, u: torch.Tensor, consume: bool = False) -> dist.Normal:
+        """``p(f | u)`` at inputs ``X`` ``[..., B, D]``: a Normal with batch shape ``[..., B]`` or ``[..., L, B]``.
+
+        The guide builds it and keeps it; the model, which Pyro replays with the guide's ``u``, takes the same
+        object, so the two sites cost one evaluation."""
+        key = ("cond", id(X), X._version, X.shape, id(u), u._version, self._param_key())
+        if consume and key in self._cache:
+            return self._cache.pop(key)
+        Luu, W, kdiag = self._stats(X, consume)
+        loc = cond.conditional_loc(u, W, None if self.whiten else Luu)
+        var = cond.conditional_var(kdiag, W)
+        fn = dist.Normal(loc, var.sqrt().expand_as(loc))
+        if not consume:
+            self._cache[key] = fn
+        return fn
+
+    @pyro_method
+    def qf(self, X: torch.Tensor, consume: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Marginals of ``q(f)`` at ``X`` (Hensman 2015 eq. 8): ``(mean, var)``."""
+        Luu, W, kdiag = self._stats(X, consume)
+        return cond.qf_marginals(W, kdiag, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
+
+    # -- sites --------------------------------------------------------------------------------------------------
+    def _outputs_plate(self, new: bool = False):
+        # Pyro forbids constructing two plates of the same name in one trace, so each program builds the outputs
+        # plate once, in sample_u (the layer's first site), and its other sites enter that same object.
+        if self.num_outputs is None:
+            return contextlib.nullcontext()
+        if new or getattr(self, "_plate", None) is None:
+            self._plate = pyro.plate(f"{self.name}.outputs", self.num_outputs, dim=-2)
+        return self._plate
+
+    @pyro_method
+    def sample_u(self, guide: bool = False) -> torch.Tensor:
+        """Sample site ``<name>.u`` from ``p(u)`` (model) or ``q(u)`` (guide). Call outside the data plate."""
+        with self._outputs_plate(new=True):
+            if guide:
+                return pyro.sample(f"{self.name}.u", self.posterior())
+            return pyro.sample(f"{self.name}.u", self.prior(None if self.whiten else self._luu(consume=True)))
+
+    @pyro_method
+    def sample_f(self, X: torch.Tensor, u: torch.Tensor, guide: bool = False) -> torch.Tensor:
+        """Sample site ``<name>.f`` from ``p(f | u)`` at ``X`` ``[..., B, D]``. Call inside the data plate."""
+        with self._outputs_plate():
+            return pyro.sample(f"{self.name}.f", self.conditional(X, u, consume=not guide))
+
+    def _data_plate(self, N, subsample_size, num_data, device):
+        if num_data is None:
+            return pyro.plate(f"{self.name}.data", N, subsample_size=subsample_size, dim=-1, device=device)
+        return pyro.plate(f"{self.name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
+
+    def _check_data(self, X, y):
+        if X.dim() < 2 or X.shape[-1] != self.Z.shape[-1]:
+            raise ValueError(
+                f"X must be [..., N, D] with D = {self.Z.shape[-1]} (the inducing inputs' dimension); "
+                f"got shape {tuple(X.shape)}"
+            )
+        _check_finite("X", X)
+        if y is not None:
+            expect = X.shape[-2:-1]
+            if self.num_outputs is not None and self.likelihood is not None and self.likelihood.latent_dim == 1:
+                expect = expect + (self.num_outputs,)
+            if y.shape[-len(expect):] != expect:
+                raise ValueError(f"y must have shape [..., {', '.join(map(str, expect))}], got {tuple(y.shape)}")
+            if self.likelihood is not None:
+                self.likelihood.check_y(y)
+
+    def _observe(self, f_or_q, y):
+        lik = self.likelihood
+        if lik is None:
+            return
+        if y is not None and self.num_outputs is not None and lik.latent_dim == 1:
+            y = y.mT  # [L, B]
+        ctx = self._outputs_plate() if lik.latent_dim == 1 else contextlib.nullcontext()
+        with ctx:
+            if self.integrate_f:
+                loc, var = f_or_q
+                pyro.sample("y", MarginalizedLikelihood(lik, loc, var), obs=y)
+            else:
+                lik(f_or_q, y)
+
+    @pyro_method
+    def model(self, X, y=None, *, subsample_size=None, num_data=None):
+        """Generative model. ``subsample_size``: the plate draws a minibatch of ``X``; ``num_data``: ``X`` already
+        is a minibatch of a data set of that size (the likelihood is scaled by ``num_data / len(X)``)."""
+        self._check_data(X, y)
+        u = self.sample_u()
+        with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
+            Xb = X if num_data is not None or subsample_size is None else X[..., idx, :]
+            yb = y if y is None or num_data is not None or subsample_size is None else y[idx]
+            if self.integrate_f:
+                Luu, W, kdiag = self._stats(Xb, consume=True)
+                loc = cond.conditional_loc(u, W, None if self.whiten else Luu)
+                f = (loc, cond.conditional_var(kdiag, W).expand_as(loc))
+            else:
+                f = self.sample_f(Xb, u)
+            self._observe(f, yb)
+        return f
+
+    @pyro_method
+    def guide(self, X, y=None, *, subsample_size=None, num_data=None):
+        """Variational distribution: ``q(u) p(f | u)``."""
+        self._check_data(X, y)
+        u = self.sample_u(guide=True)
+        with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
+            Xb = X if num_data is not None or subsample_size is None else X[..., idx, :]
+            if self.integrate_f:
+                self._stats(Xb, consume=False)
+                return None
+            return self.sample_f(Xb, u, guide=True)
+
+    @pyro_method
+    @torch.no_grad()
+    def predict(self, X: torch.Tensor, full: bool = False):
+        """Mean and variance of ``q(f*)`` at ``X`` ``[..., N, D]`` (no gradients); with ``full=True`` also the
+        predictive distribution of ``y*`` from the likelihood."""
+        self._check_data(X, None)
+        mean, var = self.qf(X)
+        if full:
+            return mean, var, self.likelihood.predictive(mean, var)
+        return mean, var

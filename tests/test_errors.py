@@ -1,0 +1,87 @@
+"""Bad input gets a clear error, never a silent NaN; a nearly singular Kuu succeeds through documented jitter
+escalation that warns."""
+import pytest
+import torch
+from pyro.contrib.gp.kernels import RBF
+from pyro.infer import Trace_ELBO
+
+import pyro_sparsegp as ps
+from pyro_sparsegp.linalg import CholeskyJitterWarning, cholesky
+
+
+def _gp(lik=None, D=2):
+    return ps.SVGP(RBF(D), torch.randn(4, D), lik or ps.Gaussian())
+
+
+def _loss(gp, X, y):
+    return Trace_ELBO().loss(gp.model, gp.guide, X, y)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_inputs_are_refused(bad):
+    gp = _gp()
+    X, y = torch.randn(10, 2), torch.randn(10)
+    X[3, 1] = bad
+    with pytest.raises(ValueError, match="X contains NaN or inf"):
+        _loss(gp, X, y)
+    X[3, 1] = 0.0
+    y[2] = bad
+    with pytest.raises(ValueError, match="y contains NaN or inf"):
+        _loss(gp, X, y)
+
+
+def test_bernoulli_labels_outside_zero_one_are_refused():
+    gp = _gp(ps.Bernoulli())
+    X = torch.randn(10, 2)
+    for y in (torch.full((10,), 2.0), -torch.ones(10), torch.full((10,), 0.5)):
+        with pytest.raises(ValueError, match="outside the support"):
+            _loss(gp, X, y)
+
+
+def test_mismatched_shapes_are_refused():
+    gp = _gp()
+    with pytest.raises(ValueError, match="y must have shape"):
+        _loss(gp, torch.randn(10, 2), torch.randn(9))
+    with pytest.raises(ValueError, match="X must be"):
+        _loss(gp, torch.randn(10, 3), torch.randn(10))
+    with pytest.raises(ValueError, match="X must be"):
+        gp.predict(torch.randn(10))
+    gp3 = ps.SVGP(RBF(2), torch.randn(4, 2), ps.Gaussian(), num_outputs=3)
+    with pytest.raises(ValueError, match="y must have shape"):
+        _loss(gp3, torch.randn(10, 2), torch.randn(10))
+
+
+def test_inducing_points_with_the_wrong_dimension_are_refused():
+    with pytest.raises(ValueError, match="Z has 3 features but the kernel expects input_dim=2"):
+        ps.SVGP(RBF(2), torch.randn(4, 3), ps.Gaussian())
+    with pytest.raises(ValueError, match="Z must be"):
+        ps.SVGP(RBF(2), torch.randn(4), ps.Gaussian())
+    with pytest.raises(ValueError, match="num_outputs"):
+        ps.SVGP(RBF(2), torch.randn(3, 4, 2), ps.Gaussian())
+    with pytest.raises(ValueError, match="Z contains NaN"):
+        ps.SVGP(RBF(2), torch.full((4, 2), float("nan")), ps.Gaussian())
+
+
+def test_duplicate_inducing_points_in_float32_escalate_jitter_with_a_warning():
+    torch.set_default_dtype(torch.float32)
+    Z = torch.randn(6, 2)
+    Z[3] = Z[1]
+    Z[4] = Z[1] + 1e-7
+    kernel = RBF(2, lengthscale=torch.tensor(3.0))
+    K = kernel(Z)
+    with pytest.warns(CholeskyJitterWarning, match="succeeded with relative jitter"):
+        L = cholesky(K, jitter=1e-9)
+    assert torch.isfinite(L).all()
+    gp = ps.SVGP(kernel, Z, ps.Gaussian(), jitter=1e-9)
+    X, y = torch.randn(8, 2), torch.randn(8)
+    with pytest.warns(CholeskyJitterWarning):
+        loss = _loss(gp, X, y)
+    assert torch.isfinite(torch.tensor(loss))
+
+
+def test_hopeless_matrix_raises_linalg_error_naming_the_jitter():
+    K = -torch.eye(3)
+    with pytest.raises(torch.linalg.LinAlgError, match="not positive definite even with relative jitter"):
+        cholesky(K)
+    with pytest.raises(ValueError, match="NaN"):
+        cholesky(torch.full((3, 3), float("nan")))
