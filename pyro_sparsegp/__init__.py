@@ -1,7 +1,7 @@
 """pyro_sparsegp: sparse variational Gaussian processes as Pyro distributions, guides and modules."""
 from . import bounds, conditionals, distributions, infer, kernels, likelihoods, linalg, variational
 from .layers import SVGP
-from .likelihoods import Bernoulli, Gaussian, Likelihood
+from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
 from .linalg import CholeskyJitterWarning
 
 __version__ = "0.1.0"
@@ -10,6 +10,7 @@ __all__ = [
     "Likelihood",
     "Gaussian",
     "Bernoulli",
+    "PolyaGammaLogit",
     "CholeskyJitterWarning",
     "bounds",
     "conditionals",

@@ -37,6 +37,19 @@ def _check_finite(name, t):
         raise ValueError(f"{name} contains NaN or inf")
 
 
+def _xkey(X):
+    """Cache key of an input tensor. A minibatch ``X[idx]`` drawn by the data plate is a new tensor in the guide
+    and in the model; both carry the key of ``(X, idx)`` (``idx`` is the same replayed tensor), so the model finds
+    what the guide computed."""
+    return getattr(X, "_psgp_key", None) or (id(X), X._version, tuple(X.shape))
+
+
+def _take(X, idx):
+    Xb = X[..., idx, :]
+    Xb._psgp_key = (id(X), X._version, tuple(X.shape), id(idx))
+    return Xb
+
+
 class SVGP(PyroModule):
     r"""Sparse variational GP (Hensman, Fusi, Lawrence 2013; Hensman, Matthews, Ghahramani 2015).
 
@@ -119,7 +132,7 @@ class SVGP(PyroModule):
         (``consume=True``), which Pyro runs after the guide with the same parameters, takes them out if the key
         (inputs, parameter storage and versions, grad mode) matches, else computes its own. So each ELBO
         evaluation pays for one Cholesky and one solve, and nothing stale is ever read twice."""
-        key = ("stats", id(X), X._version, X.shape, self._param_key())
+        key = ("stats", _xkey(X), self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
         Luu = self._luu(consume)
@@ -163,7 +176,7 @@ class SVGP(PyroModule):
 
         The guide builds it and keeps it; the model, which Pyro replays with the guide's ``u``, takes the same
         object, so the two sites cost one evaluation."""
-        key = ("cond", id(X), X._version, X.shape, id(u), u._version, self._param_key())
+        key = ("cond", _xkey(X), id(u), u._version, self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
         Luu, W, kdiag = self._stats(X, consume)
@@ -237,7 +250,7 @@ class SVGP(PyroModule):
                 loc, var = f_or_q
                 pyro.sample("y", MarginalizedLikelihood(lik, loc, var), obs=y)
             else:
-                lik(f_or_q, y)
+                lik(f_or_q, y, prefix=self.name)
 
     @pyro_method
     def model(self, X, y=None, *, subsample_size=None, num_data=None):
@@ -246,7 +259,7 @@ class SVGP(PyroModule):
         self._check_data(X, y)
         u = self.sample_u()
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
-            Xb = X if num_data is not None or subsample_size is None else X[..., idx, :]
+            Xb = X if num_data is not None or subsample_size is None else _take(X, idx)
             yb = y if y is None or num_data is not None or subsample_size is None else y[idx]
             if self.integrate_f:
                 Luu, W, kdiag = self._stats(Xb, consume=True)
@@ -263,11 +276,17 @@ class SVGP(PyroModule):
         self._check_data(X, y)
         u = self.sample_u(guide=True)
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
-            Xb = X if num_data is not None or subsample_size is None else X[..., idx, :]
+            Xb = X if num_data is not None or subsample_size is None else _take(X, idx)
             if self.integrate_f:
                 self._stats(Xb, consume=False)
-                return None
-            return self.sample_f(Xb, u, guide=True)
+                f = None
+            else:
+                f = self.sample_f(Xb, u, guide=True)
+            if self.likelihood is not None:
+                ctx = self._outputs_plate() if self.likelihood.latent_dim == 1 else contextlib.nullcontext()
+                with ctx:
+                    self.likelihood.guide(lambda: self.qf(Xb), prefix=self.name)
+            return f
 
     @pyro_method
     @torch.no_grad()

@@ -20,7 +20,7 @@ from torch.distributions import constraints
 
 from .linalg import gauss_hermite
 
-__all__ = ["Likelihood", "Gaussian", "Bernoulli"]
+__all__ = ["Likelihood", "Gaussian", "Bernoulli", "PolyaGammaLogit"]
 
 
 def _check_finite(name, t):
@@ -58,11 +58,16 @@ class Likelihood(PyroModule):
         if not bool(self.support.check(y).all()):
             raise ValueError(f"y has values outside the support of {type(self).__name__} ({self.support})")
 
-    def forward(self, f: torch.Tensor, y: torch.Tensor | None = None, name: str = "y") -> torch.Tensor:
-        """Register the observed site ``name`` with ``y ~ distribution(f)`` (call inside the data plate)."""
+    def forward(self, f: torch.Tensor, y: torch.Tensor | None = None, name: str = "y", prefix: str = "gp"):
+        """Model side: register the observed site ``name`` with ``y ~ distribution(f)`` (call inside the data
+        plate). ``prefix`` names any auxiliary site a likelihood adds (``<prefix>.omega``)."""
         if y is not None:
             self.check_y(y)
         return pyro.sample(name, self.distribution(f), obs=y)
+
+    def guide(self, qf, prefix: str = "gp") -> None:
+        """Guide side, inside the data plate: sample the variational distributions of auxiliary sites, if any.
+        ``qf()`` returns the marginals ``(f_loc, f_var)`` of q(f) on the minibatch. The default has none."""
 
     # -- expectations under q(f) -----------------------------------------------------------------------------
     def quadrature_expected_log_prob(self, y, f_loc, f_var) -> torch.Tensor:
@@ -139,3 +144,35 @@ class Bernoulli(Likelihood):
 def _log_ndtr(x):
     return torch.special.log_ndtr(x)
 
+
+
+class PolyaGammaLogit(Bernoulli):
+    r"""Logistic likelihood with Pólya-Gamma augmentation (Wenzel et al. 2019; Polson, Scott, Windle 2013).
+
+    Model: :math:`\omega_n \sim \mathrm{PG}(1, 0)` at site ``<prefix>.omega`` and ``y`` observed from
+    :class:`~pyro_sparsegp.distributions.PolyaGammaAugmentedBernoulli`; guide: :math:`\omega_n \sim
+    \mathrm{PG}(1, c_n)` with the optimal local parameter :math:`c_n = \sqrt{\mathbb{E}_q f_n^2}` (treated as a
+    constant: at the optimum its gradient vanishes). ``Trace_ELBO`` then estimates the augmented bound
+    :func:`pyro_sparsegp.bounds.polya_gamma.pg_bound`; ``TraceMeanField_ELBO`` evaluates its KLs in closed form.
+    ``distribution``, ``expected_log_prob`` and ``predictive`` are those of the plain logit likelihood.
+    """
+
+    def __init__(self, num_gh: int = 20):
+        super().__init__("logit", num_gh)
+
+    def forward(self, f, y=None, name="y", prefix="gp"):
+        from .distributions import PolyaGamma, PolyaGammaAugmentedBernoulli
+
+        if y is not None:
+            self.check_y(y)
+        omega = pyro.sample(f"{prefix}.omega", PolyaGamma(torch.ones_like(f), torch.zeros_like(f)))
+        return pyro.sample(name, PolyaGammaAugmentedBernoulli(f, omega), obs=y)
+
+    def guide(self, qf, prefix="gp"):
+        from .bounds.polya_gamma import optimal_c
+        from .distributions import PolyaGamma
+
+        with torch.no_grad():
+            loc, var = qf()
+            c = optimal_c(loc, var)
+        pyro.sample(f"{prefix}.omega", PolyaGamma(torch.ones_like(c), c))

@@ -1,6 +1,6 @@
 """Inference: natural-gradient steps and the ``fit`` training loop."""
 from .fit import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
-from .natgrad import gaussian_natgrad_step, natgrad_step
+from .natgrad import gaussian_natgrad_step, natgrad_step, natgrad_step_for, polya_gamma_natgrad_step
 
 __all__ = [
     "fit",
@@ -11,4 +11,6 @@ __all__ = [
     "load_checkpoint",
     "natgrad_step",
     "gaussian_natgrad_step",
+    "polya_gamma_natgrad_step",
+    "natgrad_step_for",
 ]

@@ -17,7 +17,7 @@ from pyro.infer import TraceMeanField_ELBO
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 from tqdm.auto import tqdm
 
-from .natgrad import gaussian_natgrad_step, natgrad_step
+from .natgrad import natgrad_step_for
 
 __all__ = ["fit", "FitState", "NonFiniteLossError", "save_checkpoint", "load_checkpoint", "EpochBatchSampler"]
 
@@ -126,7 +126,8 @@ def fit(
     :param int batch_size: minibatch size when ``X, y`` are given.
     :param float lr: Adam learning rate.
     :param float natgrad_lr: if set, q(u) is updated by natural-gradient steps of this length (closed form for a
-        Gaussian likelihood, Hensman 2013 section 3.2) and Adam trains only the other parameters.
+        Gaussian likelihood, Hensman 2013 section 3.2, and for the Pólya-Gamma logit likelihood, Wenzel et al.
+        2019; by automatic differentiation otherwise) and Adam trains only the other parameters.
     :param elbo: a Pyro ELBO (default ``TraceMeanField_ELBO()``: analytic KL).
     :param int seed: seeds the minibatch order (and Pyro's RNG at the start of a fresh run).
     :param checkpoint: path written every ``checkpoint_every`` steps and at the end.
@@ -166,11 +167,7 @@ def fit(
         # sampling uses), so a resumed run draws the same particles as an uninterrupted one
         loader = DataLoader(TensorDataset(X, y), batch_sampler=sampler, generator=torch.Generator())
 
-    nat = None
-    if natgrad_lr:
-        from ..likelihoods import Gaussian
-
-        nat = gaussian_natgrad_step if isinstance(getattr(module, "likelihood", None), Gaussian) else natgrad_step
+    nat = natgrad_step_for(getattr(module, "likelihood", None)) if natgrad_lr else None
 
     bar = tqdm(total=num_steps, initial=state.step, disable=not progress, desc="fit", dynamic_ncols=True)
     running = None

@@ -1,0 +1,85 @@
+"""The Pólya-Gamma augmented bound (Wenzel et al. 2019) in closed form: it is the Jaakkola-Jordan bound for every c,
+below the exact logit ELBO, tight as q(f) concentrates; the closed-form natural-gradient step with fixed c lands on
+the optimal q(u) for that c."""
+import pytest
+import torch
+from pyro.contrib.gp.kernels import RBF
+
+import pyro_sparsegp as ps
+from pyro_sparsegp.bounds import polya_gamma as PG
+from pyro_sparsegp.bounds import svgp as B
+from pyro_sparsegp.infer import polya_gamma_natgrad_step
+
+N, M, D = 30, 6, 2
+
+
+def _problem(whiten=False):
+    X = torch.rand(N, D) * 4 - 2
+    y = (torch.sin(2 * X[:, 0]) + 0.3 * torch.randn(N) > 0).to(X.dtype)
+    k = RBF(D, variance=torch.tensor(2.0), lengthscale=torch.tensor(0.8))
+    Z = torch.rand(M, D) * 4 - 2
+    gp = ps.SVGP(k, Z, ps.PolyaGammaLogit(), whiten=whiten)
+    with torch.no_grad():
+        L = torch.tril(0.2 * torch.randn(M, M), -1) + torch.diag(0.3 + 0.3 * torch.rand(M))
+        gp.q_u.set(torch.randn(M), L)
+    with torch.no_grad():
+        Kuu, Kuf, kd = k(Z) + 1e-10 * torch.eye(M), k(Z, X), k(X, diag=True)
+    return X, y, gp, Kuu, Kuf, kd
+
+
+def test_bound_equals_jaakkola_jordan_for_every_c():
+    X, y, gp, Kuu, Kuf, kd = _problem()
+    m, L = gp.q_u.u_loc.detach(), gp.q_u.u_scale_tril.detach()
+    mu, var = B.qf_dense(Kuu, Kuf, kd, m, L)
+    kl = B.gauss_kl(m, L, Kuu)
+    for c in (torch.rand(N) * 3 + 0.05, PG.optimal_c(mu, var), torch.full((N,), 1e-6)):
+        jj = PG.jaakkola_jordan_bound(y, mu, var, c).sum() - kl
+        torch.testing.assert_close(PG.pg_bound(y, Kuu, Kuf, kd, m, L, c=c), jj, rtol=1e-10, atol=1e-10)
+    # the optimal c maximises the bound over c
+    best = PG.pg_bound(y, Kuu, Kuf, kd, m, L)
+    for _ in range(5):
+        assert PG.pg_bound(y, Kuu, Kuf, kd, m, L, c=torch.rand(N) * 4) <= best + 1e-12
+
+
+def test_bound_is_below_the_logit_elbo_and_tight_as_q_concentrates():
+    X, y, gp, Kuu, Kuf, kd = _problem()
+    logit = ps.Bernoulli("logit", num_gh=60)
+    m, L = gp.q_u.u_loc.detach(), gp.q_u.u_scale_tril.detach()
+    gaps = []
+    for shrink in (1.0, 0.1, 0.01):
+        # Z = X makes p(f|u) deterministic; shrinking S concentrates q(f)
+        K = gp.kernel(X).detach() + 1e-8 * torch.eye(N)
+        mm = torch.linalg.cholesky(K) @ torch.randn(N) * 0.5
+        LL = shrink * torch.linalg.cholesky(K)
+        pg = PG.pg_bound(y, K, K, kd, mm, LL)
+        exact = B.kl_sparse_bound(y, logit.expected_log_prob, K, K, kd, mm, LL)
+        assert pg <= exact + 1e-9
+        kl = B.gauss_kl(mm, LL, K)
+        gaps.append(((exact + kl) - (pg + kl)).item())  # the gap of the expected log-likelihood terms
+    assert gaps[0] > gaps[1] > gaps[2] >= 0
+    assert gaps[2] < 1e-3 * gaps[0]
+    # and with the random q(u) of the problem too
+    assert PG.pg_bound(y, Kuu, Kuf, kd, m, L) <= B.kl_sparse_bound(y, logit.expected_log_prob, Kuu, Kuf, kd, m, L)
+
+
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_natgrad_step_with_fixed_c_lands_on_the_optimum_for_that_c(whiten):
+    X, y, gp, Kuu, Kuf, kd = _problem(whiten)
+    c = torch.rand(N) * 2 + 0.1
+    polya_gamma_natgrad_step(gp, X, y, lr=1.0, c=c)
+    m = gp.q_u.u_loc.detach().clone().requires_grad_(True)
+    Lraw = gp.q_u.u_scale_tril.detach().clone().requires_grad_(True)
+    bound = PG.pg_bound(y, Kuu, Kuf, kd, m, torch.tril(Lraw), c=c, whiten=whiten)
+    gm, gL = torch.autograd.grad(bound, (m, Lraw))
+    assert gm.abs().max() < 1e-7 and torch.tril(gL).abs().max() < 1e-7
+    # a different q(u) has a lower bound
+    assert PG.pg_bound(y, Kuu, Kuf, kd, m + 0.05, torch.tril(Lraw), c=c, whiten=whiten) < bound
+
+
+def test_natgrad_iterations_with_local_updates_increase_the_bound():
+    X, y, gp, Kuu, Kuf, kd = _problem()
+    values = []
+    for _ in range(10):
+        polya_gamma_natgrad_step(gp, X, y, lr=1.0)
+        values.append(PG.pg_bound(y, Kuu, Kuf, kd, gp.q_u.u_loc.detach(), gp.q_u.u_scale_tril.detach()).item())
+    assert all(b >= a - 1e-9 for a, b in zip(values, values[1:]))
