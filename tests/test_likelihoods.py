@@ -60,6 +60,7 @@ def test_predictive_matches_numerical_integration(name):
         torch.testing.assert_close(lik.predictive_log_prob(y, loc, var), numeric, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("name", ["gaussian", "probit"])
 @pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
 def test_gradients_of_the_bound_match_finite_differences(name, whiten):

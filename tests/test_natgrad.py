@@ -33,6 +33,7 @@ def _optimum(gp, X, y):
     return m, L
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
 @pytest.mark.parametrize("step", [gaussian_natgrad_step, natgrad_step], ids=["closed_form", "autograd"])
 def test_one_full_batch_step_of_length_one_lands_on_the_optimum(step, whiten):
@@ -71,6 +72,7 @@ def test_multi_output_step_matches_each_output_alone():
         torch.testing.assert_close(gp.q_u.u_loc[out], gp1.q_u.u_loc)
 
 
+@pytest.mark.float64
 def test_non_conjugate_step_increases_the_bound():
     X, y, gp = _gp(whiten=True)
     y = (y > 0).to(X.dtype)

@@ -27,6 +27,7 @@ def _problem(whiten=False):
     return X, y, gp, Kuu, Kuf, kd
 
 
+@pytest.mark.float64
 def test_bound_equals_jaakkola_jordan_for_every_c():
     X, y, gp, Kuu, Kuf, kd = _problem()
     m, L = gp.q_u.u_loc.detach(), gp.q_u.u_scale_tril.detach()
@@ -62,6 +63,7 @@ def test_bound_is_below_the_logit_elbo_and_tight_as_q_concentrates():
     assert PG.pg_bound(y, Kuu, Kuf, kd, m, L) <= B.kl_sparse_bound(y, logit.expected_log_prob, Kuu, Kuf, kd, m, L)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
 def test_natgrad_step_with_fixed_c_lands_on_the_optimum_for_that_c(whiten):
     X, y, gp, Kuu, Kuf, kd = _problem(whiten)

@@ -74,7 +74,8 @@ def test_vectorised_particles_and_plates(num_outputs, Z_per_output, whiten, nest
         if whiten:
             up = (Luu @ up.unsqueeze(-1)).squeeze(-1)
         expect = (torch.linalg.solve(Kuu, Kuf) * up.unsqueeze(-1)).sum(-2)
-        torch.testing.assert_close(fn.loc[p].reshape(expect.shape), expect, rtol=1e-6, atol=1e-6)
+        tol = 1e-6 if X.dtype == torch.float64 else 1e-4
+        torch.testing.assert_close(fn.loc[p].reshape(expect.shape), expect, rtol=tol, atol=tol)
     # the model's trace under the same plates has consistent shapes and ELBOs run vectorised
     gp.likelihood = ps.Gaussian()
     y = torch.randn(11) if num_outputs is None else torch.randn(11, 3)

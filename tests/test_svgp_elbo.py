@@ -100,6 +100,7 @@ def test_mean_field_elbo_uses_the_analytic_kl():
     torch.testing.assert_close(kl, B.gauss_kl(m, L))
 
 
+@pytest.mark.float64
 def test_l3_equals_eq21_for_gaussian_likelihood():
     X, y, gp = _problem("gaussian", whiten=False)
     k = gp.kernel
@@ -111,6 +112,7 @@ def test_l3_equals_eq21_for_gaussian_likelihood():
     torch.testing.assert_close(l3, eq21, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.float64
 def test_l3_at_optimal_qu_equals_titsias_and_exact_when_z_is_x():
     X, y, gp = _problem("gaussian", whiten=False)
     k = gp.kernel
@@ -134,6 +136,7 @@ def test_l3_at_optimal_qu_equals_titsias_and_exact_when_z_is_x():
         assert B.titsias_bound(ys, noise, K[:5, :5], K[:5], k(Xs, diag=True)) < exact
 
 
+@pytest.mark.float64
 def test_sample_site_marginals_match_dense_qf():
     for whiten in (False, True):
         X, y, gp = _problem("gaussian", whiten)
