@@ -9,8 +9,8 @@ from pyro_sparsegp.infer import fit
 
 def _build(dtype):
     g = torch.Generator().manual_seed(1)
-    X = (torch.rand(200, 2, generator=g) * 4 - 2).to(dtype)
-    y = (torch.sin(2 * X[:, 0]) + 0.1 * torch.randn(200, generator=g).to(dtype))
+    X = (torch.rand(200, 2, generator=g, dtype=torch.float64) * 4 - 2).to(dtype)
+    y = torch.sin(2 * X[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64).to(dtype)
     Z = X[:20].clone()
     gp = ps.SVGP(RBF(2, lengthscale=torch.ones(2, dtype=dtype), variance=torch.tensor(1.0, dtype=dtype)),
                  Z, ps.Gaussian(torch.tensor(0.1, dtype=dtype)), integrate_f=True)
