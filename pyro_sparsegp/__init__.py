@@ -3,10 +3,12 @@ from . import bounds, conditionals, distributions, infer, kernels, likelihoods, 
 from .layers import SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
 from .linalg import CholeskyJitterWarning
+from .solvegp import SOLVEGP
 
 __version__ = "0.1.0"
 __all__ = [
     "SVGP",
+    "SOLVEGP",
     "Likelihood",
     "Gaussian",
     "Bernoulli",

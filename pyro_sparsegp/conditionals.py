@@ -29,7 +29,7 @@ import torch
 
 from .linalg import solve_lower
 
-__all__ = ["project", "conditional_loc", "conditional_var", "qf_marginals"]
+__all__ = ["project", "conditional_loc", "conditional_var", "qf_terms", "qf_marginals", "clamp_var"]
 
 
 def project(Luu: torch.Tensor, Kuf: torch.Tensor) -> torch.Tensor:
@@ -66,7 +66,25 @@ def conditional_loc(u: torch.Tensor, W: torch.Tensor, Luu: torch.Tensor | None =
 
 def conditional_var(kff_diag: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """Variance of :math:`p(f_n \\mid u)`: ``k_nn - sum_m W_mn^2`` (clamped at a tiny positive value)."""
-    var = kff_diag - W.pow(2).sum(-2)
+    return clamp_var(kff_diag - W.pow(2).sum(-2))
+
+
+def qf_terms(
+    W: torch.Tensor,
+    u_loc: torch.Tensor,
+    u_scale_tril: torch.Tensor,
+    Luu: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The contribution of one set of inducing variables to the marginals of q(f): ``(a^T m, -a^T (K - S) a)``
+    (see :func:`qf_marginals`), unclamped so that contributions can be added (SOLVE-GP adds two)."""
+    A = W if Luu is None else solve_lower(Luu, W, transpose=True)  # [..., M, B]
+    loc = (u_loc.unsqueeze(-2) @ A).squeeze(-2)
+    LtA = u_scale_tril.mT @ A  # [..., M, B]
+    return loc, LtA.pow(2).sum(-2) - W.pow(2).sum(-2)
+
+
+def clamp_var(var: torch.Tensor) -> torch.Tensor:
+    """Clamp a variance at a tiny positive value (round-off can make ``k - a^T (K - S) a`` slightly negative)."""
     return var.clamp(min=torch.finfo(var.dtype).tiny ** 0.5)
 
 
@@ -92,8 +110,5 @@ def qf_marginals(
     :param Luu: Cholesky factor of ``Kuu``, or ``None`` for whitened q(u).
     :returns: ``(loc, var)`` each ``[..., B]`` or ``[..., L, B]``.
     """
-    A = W if Luu is None else solve_lower(Luu, W, transpose=True)  # [..., M, B]
-    loc = (u_loc.unsqueeze(-2) @ A).squeeze(-2)
-    LtA = u_scale_tril.mT @ A  # [..., M, B]
-    var = kff_diag - W.pow(2).sum(-2) + LtA.pow(2).sum(-2)
-    return loc, var.clamp(min=torch.finfo(var.dtype).tiny ** 0.5)
+    loc, dvar = qf_terms(W, u_loc, u_scale_tril, Luu)
+    return loc, clamp_var(kff_diag + dvar)

@@ -179,13 +179,17 @@ class SVGP(PyroModule):
         key = ("cond", _xkey(X), id(u), u._version, self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
-        Luu, W, kdiag = self._stats(X, consume)
-        loc = cond.conditional_loc(u, W, None if self.whiten else Luu)
-        var = cond.conditional_var(kdiag, W)
-        fn = dist.Normal(loc, var.sqrt().expand_as(loc))
+        loc, var = self._moments(X, u, consume)
+        fn = dist.Normal(loc, var.sqrt())
         if not consume:
             self._cache[key] = fn
         return fn
+
+    def _moments(self, X, u, consume):
+        """Mean and variance of ``p(f | u)`` at ``X``, each ``[..., B]`` or ``[..., L, B]``."""
+        Luu, W, kdiag = self._stats(X, consume)
+        loc = cond.conditional_loc(u, W, None if self.whiten else Luu)
+        return loc, cond.conditional_var(kdiag, W).expand_as(loc)
 
     @pyro_method
     def qf(self, X: torch.Tensor, consume: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,9 +266,7 @@ class SVGP(PyroModule):
             Xb = X if num_data is not None or subsample_size is None else _take(X, idx)
             yb = y if y is None or num_data is not None or subsample_size is None else y[idx]
             if self.integrate_f:
-                Luu, W, kdiag = self._stats(Xb, consume=True)
-                loc = cond.conditional_loc(u, W, None if self.whiten else Luu)
-                f = (loc, cond.conditional_var(kdiag, W).expand_as(loc))
+                f = self._moments(Xb, u, consume=True)
             else:
                 f = self.sample_f(Xb, u)
             self._observe(f, yb)

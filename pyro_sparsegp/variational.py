@@ -24,34 +24,48 @@ class GaussianQ(PyroModule):
     :param int M: number of inducing variables.
     :param int num_outputs: ``L``, or ``None`` for a single output.
     :param torch.Tensor scale_tril: initial ``u_scale_tril`` ``[M, M]`` or ``[L, M, M]`` (default identity).
+    :param bool learn_scale: ``False``: only the mean is a parameter; the scale is passed to ``forward``.
 
     Parameters: ``u_loc`` ``[M]``/``[L, M]``, ``u_scale_tril`` ``[M, M]``/``[L, M, M]``.
     ``forward()`` returns a :class:`pyro.distributions.MultivariateNormal` with batch shape ``()`` (one output)
     or ``[L, 1]`` (``L`` outputs; the trailing ``1`` is the data plate, see :mod:`pyro_sparsegp.conditionals`).
     """
 
-    def __init__(self, M: int, num_outputs: int | None = None, scale_tril: torch.Tensor | None = None):
+    def __init__(
+        self,
+        M: int,
+        num_outputs: int | None = None,
+        scale_tril: torch.Tensor | None = None,
+        learn_scale: bool = True,
+    ):
         super().__init__()
         batch = () if num_outputs is None else (num_outputs,)
         dtype = torch.get_default_dtype()
         self.u_loc = PyroParam(torch.zeros(batch + (M,), dtype=dtype), constraints.real)
-        if scale_tril is None:
-            scale_tril = torch.eye(M, dtype=dtype)
-        scale_tril = scale_tril.expand(batch + (M, M)).clone()
-        self.u_scale_tril = PyroParam(scale_tril, constraints.lower_cholesky)
+        self.learn_scale = learn_scale
+        if learn_scale:
+            if scale_tril is None:
+                scale_tril = torch.eye(M, dtype=dtype)
+            scale_tril = scale_tril.expand(batch + (M, M)).clone()
+            self.u_scale_tril = PyroParam(scale_tril, constraints.lower_cholesky)
         self.num_outputs = num_outputs
 
-    def forward(self) -> dist.MultivariateNormal:
-        loc, tril = self.u_loc, self.u_scale_tril
+    def forward(self, scale_tril: torch.Tensor | None = None) -> dist.MultivariateNormal:
+        """``learn_scale=False`` families (a mean only, e.g. ODVGP's q(v)) take their fixed ``scale_tril`` here."""
+        loc = self.u_loc
+        tril = self.u_scale_tril if self.learn_scale else scale_tril
+        if self.num_outputs is not None and tril.dim() == 2:
+            tril = tril.expand(self.num_outputs, *tril.shape)
         if self.num_outputs is not None:
             loc, tril = loc.unsqueeze(-2), tril.unsqueeze(-3)  # [L, 1, M], [L, 1, M, M]
         return dist.MultivariateNormal(loc, scale_tril=tril)
 
     @torch.no_grad()
-    def set(self, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
+    def set(self, loc: torch.Tensor, scale_tril: torch.Tensor | None = None) -> None:
         """Overwrite ``(u_loc, u_scale_tril)`` (used by natural-gradient steps); values keep their constraints."""
         self.u_loc = loc.detach().clone()
-        self.u_scale_tril = scale_tril.detach().clone()
+        if scale_tril is not None:
+            self.u_scale_tril = scale_tril.detach().clone()
 
 
 def to_natural(loc: torch.Tensor, scale_tril: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

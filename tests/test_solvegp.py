@@ -1,0 +1,158 @@
+"""SOLVE-GP (Shi, Titsias, Mnih 2020) as Pyro sites: unbiased for eq. 8, equal to the structured SVGP of section 3.3
+over {Z, O}, reducing to SVGP when q(v⊥) = p(v⊥), whitening-invariant, and cheap (no (M + M2)-square Cholesky)."""
+import math
+from unittest import mock
+
+import pytest
+import torch
+from pyro.contrib.gp.kernels import RBF
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+
+import pyro_sparsegp as ps
+from pyro_sparsegp.bounds import svgp as B
+
+N, M, M2, D = 30, 4, 5, 2
+
+
+def _problem(lik="gaussian", whiten=False, odvgp=False):
+    X = torch.rand(N, D) * 4 - 2
+    f = torch.sin(2 * X[:, 0]) + 0.5 * X[:, 1]
+    if lik == "gaussian":
+        likelihood, y = ps.Gaussian(0.2), f + 0.3 * torch.randn(N)
+    else:
+        likelihood, y = ps.Bernoulli("probit", num_gh=40), (f + 0.3 * torch.randn(N) > 0).to(X.dtype)
+    k = RBF(D, variance=torch.tensor(1.5), lengthscale=torch.tensor(0.7))
+    gp = ps.SOLVEGP(k, torch.rand(M, D) * 4 - 2, torch.rand(M2, D) * 4 - 2, likelihood, whiten=whiten, odvgp=odvgp)
+    with torch.no_grad():
+        gp.q_u.set(0.7 * torch.randn(M), torch.tril(0.2 * torch.randn(M, M), -1) + torch.diag(0.4 + 0.3 * torch.rand(M)))
+        Lv = torch.tril(0.2 * torch.randn(M2, M2), -1) + torch.diag(0.3 + 0.3 * torch.rand(M2))
+        gp.q_v.set(0.7 * torch.randn(M2), Lv if not odvgp else None)
+    return X, y, gp
+
+
+def _dense(gp):
+    """Everything from Pyro's own 2-D kernel: Kuu, Kuv, Kvv, Cvv and the un-whitened (m_u, S_u, m_v, S_v)."""
+    k = gp.kernel
+    Z, O = gp.Z.detach(), gp.O.detach()
+    Kuu, Kuv, Kvv = k(Z) + 1e-10 * torch.eye(M), k(Z, O), k(O) + 1e-10 * torch.eye(M2)
+    Cvv = Kvv - Kuv.mT @ torch.linalg.solve(Kuu, Kuv)
+    m_u, L_u = gp.q_u.u_loc.detach(), gp.q_u.u_scale_tril.detach()
+    m_v = gp.q_v.u_loc.detach()
+    L_v = gp.q_v.u_scale_tril.detach() if gp.q_v.learn_scale else (
+        torch.eye(M2) if gp.whiten else torch.linalg.cholesky(Cvv))
+    if gp.whiten:
+        Lu0, Lc0 = torch.linalg.cholesky(Kuu), torch.linalg.cholesky(Cvv)
+        m_u, L_u, m_v, L_v = Lu0 @ m_u, Lu0 @ L_u, Lc0 @ m_v, Lc0 @ L_v
+    return Kuu, Kuv, Kvv, Cvv, m_u, L_u @ L_u.mT, m_v, L_v @ L_v.mT
+
+
+def _structured(gp, X):
+    """Section 3.3: SVGP over {Z, O} with q(u, v) built from (m_u, S_u, m_v, S_v), v = v⊥ + Kvu Kuu^-1 u."""
+    Kuu, Kuv, Kvv, Cvv, m_u, S_u, m_v, S_v = _dense(gp)
+    P = torch.linalg.solve(Kuu, Kuv).mT  # Kvu Kuu^-1
+    m = torch.cat([m_u, m_v + P @ m_u])
+    S = torch.cat([torch.cat([S_u, S_u @ P.mT], 1), torch.cat([P @ S_u, S_v + P @ S_u @ P.mT], 1)], 0)
+    ZO = torch.cat([gp.Z.detach(), gp.O.detach()])
+    k = gp.kernel
+    K = k(ZO) + 1e-10 * torch.eye(M + M2)
+    return K, k(ZO, X), k(X, diag=True), m, torch.linalg.cholesky(S)
+
+
+def _eq8_dense(gp, X, y):
+    K, Kuf, kd, m, L = _structured(gp, X)
+    ell = gp.likelihood.expected_log_prob if isinstance(gp.likelihood, ps.Gaussian) else \
+        gp.likelihood.quadrature_expected_log_prob
+    return B.kl_sparse_bound(y, ell, K, Kuf, kd, m, L)
+
+
+def _eq8_module(gp, X, y):
+    loc, var = gp.qf(X)
+    kl_u = torch.distributions.kl_divergence(gp.posterior(), gp.prior())
+    kl_v = torch.distributions.kl_divergence(gp.posterior_v(), gp.prior_v())
+    return gp.likelihood.expected_log_prob(y, loc, var).sum() - kl_u - kl_v
+
+
+@pytest.mark.parametrize("odvgp", [False, True], ids=["solvegp", "odvgp"])
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+@pytest.mark.parametrize("lik", ["gaussian", "probit"])
+def test_trace_elbo_is_unbiased_for_eq8(lik, whiten, odvgp):
+    X, y, gp = _problem(lik, whiten, odvgp)
+    with torch.no_grad():
+        exact = _eq8_dense(gp, X, y).item()
+        torch.testing.assert_close(_eq8_module(gp, X, y).item(), exact, rtol=1e-8, atol=1e-8)
+        for elbo_cls in (Trace_ELBO, TraceMeanField_ELBO):
+            elbo = elbo_cls(num_particles=400, vectorize_particles=True, max_plate_nesting=1)
+            vals = torch.tensor([-elbo.loss(gp.model, gp.guide, X, y, subsample_size=12) for _ in range(50)])
+            est, se = vals.mean().item(), (vals.std() / math.sqrt(len(vals))).item()
+            assert abs(est - exact) < 4 * se, (elbo_cls.__name__, est, exact, se)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_predictions_equal_the_structured_svgp(whiten):
+    X, y, gp = _problem("gaussian", whiten)
+    Xs = torch.randn(7, D)
+    with torch.no_grad():
+        mean, var = gp.predict(Xs)
+        K, Kuf, kd, m, L = _structured(gp, Xs)
+        mean_d, var_d = B.qf_dense(K, Kuf, kd, m, L)
+    torch.testing.assert_close(mean, mean_d, rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(var, var_d, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+@pytest.mark.parametrize("lik", ["gaussian", "probit"])
+def test_prior_q_v_reduces_to_svgp(lik, whiten):
+    X, y, gp = _problem(lik, whiten)
+    with torch.no_grad():
+        Kuu, Kuv, Kvv, Cvv, *_ = _dense(gp)
+        gp.q_v.set(torch.zeros(M2), torch.eye(M2) if whiten else torch.linalg.cholesky(Cvv))
+        solve = _eq8_module(gp, X, y)
+        ell = gp.likelihood.expected_log_prob if lik == "gaussian" else gp.likelihood.quadrature_expected_log_prob
+        k = gp.kernel
+        svgp = B.kl_sparse_bound(y, ell, Kuu, k(gp.Z, X), k(X, diag=True), gp.q_u.u_loc, gp.q_u.u_scale_tril,
+                                 whiten=whiten)
+    assert abs(solve - svgp) <= 1e-8 * abs(svgp)
+
+
+@pytest.mark.float64
+def test_whitened_and_plain_parameterisations_agree():
+    X, y, plain = _problem("gaussian", whiten=False)
+    white = ps.SOLVEGP(plain.kernel, plain.Z.detach(), plain.O.detach(), plain.likelihood, whiten=True)
+    with torch.no_grad():
+        Kuu, Kuv, Kvv, Cvv, m_u, S_u, m_v, S_v = _dense(plain)
+        Lu0, Lc0 = torch.linalg.cholesky(Kuu), torch.linalg.cholesky(Cvv)
+        solve = lambda L, b: torch.linalg.solve_triangular(L, b, upper=False)  # noqa: E731
+        white.q_u.set(solve(Lu0, m_u[:, None])[:, 0], solve(Lu0, plain.q_u.u_scale_tril))
+        white.q_v.set(solve(Lc0, m_v[:, None])[:, 0], solve(Lc0, plain.q_v.u_scale_tril))
+        a, b = _eq8_module(plain, X, y), _eq8_module(white, X, y)
+    assert abs(a - b) <= 1e-8 * abs(a)
+
+
+def test_only_m_and_m2_sized_choleskys():
+    X, y, gp = _problem("gaussian", whiten=False)
+    real = torch.linalg.cholesky_ex
+    with mock.patch("torch.linalg.cholesky_ex", side_effect=real) as chol:
+        loss = Trace_ELBO().differentiable_loss(gp.model, gp.guide, X, y)
+        loss.backward()
+        gp.predict(X)
+    sizes = sorted(c.args[0].shape[-1] for c in chol.call_args_list)
+    assert sizes == [M, M, M2, M2], sizes  # one pair per ELBO evaluation, one for predict
+
+
+def test_every_parameter_changes_and_outputs_batch():
+    X, y, gp = _problem("gaussian", whiten=True)
+    opt = torch.optim.Adam(gp.parameters(), lr=0.05)
+    before = {k: v.detach().clone() for k, v in gp.named_parameters()}
+    assert {"O_unconstrained", "q_v.u_loc_unconstrained", "q_v.u_scale_tril_unconstrained"} <= set(before)
+    loss = TraceMeanField_ELBO().differentiable_loss(gp.model, gp.guide, X, y)
+    loss.backward()
+    opt.step()
+    for k, v in gp.named_parameters():
+        assert not torch.equal(v.detach(), before[k]), k
+    gp3 = ps.SOLVEGP(RBF(D), torch.randn(3, M, D), torch.randn(3, M2, D), ps.Gaussian(), num_outputs=3)
+    mean, var = gp3.predict(X)
+    assert mean.shape == var.shape == (3, N)
+    elbo = Trace_ELBO(num_particles=3, vectorize_particles=True, max_plate_nesting=2)
+    assert math.isfinite(elbo.loss(gp3.model, gp3.guide, X, torch.randn(N, 3)))
