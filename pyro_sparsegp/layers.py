@@ -291,6 +291,22 @@ class SVGP(PyroModule):
             return f
 
     @pyro_method
+    def analytic_elbo(self, X, y, num_data: int | None = None) -> torch.Tensor:
+        """The bound in closed form on a minibatch, without sampling (Hensman 2015 eq. 21; for
+        :class:`~pyro_sparsegp.PolyaGammaLogit` the augmented bound of Wenzel et al. 2019 at the optimal ``c``):
+        ``num_data / B * sum_n E_q[log p(y_n | f_n)] - KL[q || p]``, an unbiased estimate of the full-data bound.
+        This is what ``fit(..., elbo="analytic")`` maximises."""
+        self._check_data(X, y)
+        loc, var = self.qf(X)
+        yt = y.mT if (self.num_outputs is not None and self.likelihood.latent_dim == 1) else y
+        scale = (num_data or X.shape[-2]) / X.shape[-2]
+        return scale * self.likelihood.expected_log_prob(yt, loc, var).sum() - self.kl_divergence().sum()
+
+    def kl_divergence(self) -> torch.Tensor:
+        """KL[q || p] of the inducing variables (registered closed forms), batch shape ``()`` or ``[L, 1]``."""
+        return torch.distributions.kl_divergence(self.posterior(), self.prior())
+
+    @pyro_method
     @torch.no_grad()
     def predict(self, X: torch.Tensor, full: bool = False):
         """Mean and variance of ``q(f*)`` at ``X`` ``[..., N, D]`` (no gradients); with ``full=True`` also the

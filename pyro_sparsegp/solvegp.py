@@ -150,6 +150,12 @@ class SOLVEGP(SVGP):
         lv, vv = cond.qf_terms(D, self.q_v.u_loc, self._v_scale(Lc), None if self.whiten else Lc)
         return lu + lv, cond.clamp_var(kdiag + vu + vv)
 
+    def kl_divergence(self):
+        """KL[q(u) || p(u)] + KL[q(v⊥) || p(v⊥)] (eqs. 35-36)."""
+        kl = torch.distributions.kl_divergence
+        Lc = None if self.whiten else self._joint_chol(consume=False)[1]
+        return kl(self.posterior(), self.prior()) + kl(self.posterior_v(Lc), self.prior_v(Lc))
+
     # -- sites --------------------------------------------------------------------------------------------------
     @pyro_method
     def sample_u(self, guide: bool = False):

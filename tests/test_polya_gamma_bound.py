@@ -85,3 +85,21 @@ def test_natgrad_iterations_with_local_updates_increase_the_bound():
         polya_gamma_natgrad_step(gp, X, y, lr=1.0)
         values.append(PG.pg_bound(y, Kuu, Kuf, kd, gp.q_u.u_loc.detach(), gp.q_u.u_scale_tril.detach()).item())
     assert all(b >= a - 1e-9 for a, b in zip(values, values[1:]))
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_module_analytic_elbo_is_the_augmented_bound(whiten):
+    X, y, gp, Kuu, Kuf, kd = _problem(whiten)
+    with torch.no_grad():
+        dense = PG.pg_bound(y, Kuu, Kuf, kd, gp.q_u.u_loc, gp.q_u.u_scale_tril, whiten=whiten)
+        torch.testing.assert_close(gp.analytic_elbo(X, y), dense, rtol=1e-8, atol=1e-8)
+
+
+def test_pg_fit_with_natural_gradients_classifies():
+    X, y, gp, *_ = _problem(whiten=True)
+    state = ps.infer.fit(gp, X, y, num_steps=60, batch_size=N, lr=0.02, natgrad_lr=1.0, elbo="analytic",
+                         progress=False)
+    assert state.losses[-1] < state.losses[0]
+    mean, var = gp.predict(X)
+    assert ((mean > 0).to(y.dtype) == y).to(torch.float64).mean() > 0.8

@@ -151,3 +151,17 @@ def test_sample_site_marginals_match_dense_qf():
             mu_d, var_d = B.qf_dense(Kuu, k(gp.Z, X), k(X, diag=True), m, L)
         torch.testing.assert_close(mu, mu_d, rtol=1e-7, atol=1e-7)
         torch.testing.assert_close(var, var_d, rtol=1e-7, atol=1e-7)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+@pytest.mark.parametrize("lik_name", ["gaussian", "probit"])
+def test_analytic_elbo_equals_eq21_and_is_unbiased_on_minibatches(lik_name, whiten):
+    X, y, gp = _problem(lik_name, whiten)
+    with torch.no_grad():
+        exact = _dense_bound(X, y, gp)
+        torch.testing.assert_close(gp.analytic_elbo(X, y), exact, rtol=1e-8, atol=1e-8)
+        # the minibatch estimate averages to the full bound over a partition of the data
+        parts = torch.randperm(N).chunk(4)
+        mean = sum(gp.analytic_elbo(X[i], y[i], num_data=N) for i in parts) / 4
+        torch.testing.assert_close(mean, exact, rtol=1e-8, atol=1e-8)

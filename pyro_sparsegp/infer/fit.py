@@ -128,7 +128,8 @@ def fit(
     :param float natgrad_lr: if set, q(u) is updated by natural-gradient steps of this length (closed form for a
         Gaussian likelihood, Hensman 2013 section 3.2, and for the Pólya-Gamma logit likelihood, Wenzel et al.
         2019; by automatic differentiation otherwise) and Adam trains only the other parameters.
-    :param elbo: a Pyro ELBO (default ``TraceMeanField_ELBO()``: analytic KL).
+    :param elbo: a Pyro ELBO (default ``TraceMeanField_ELBO()``: analytic KL), or ``"analytic"`` to maximise the
+        module's closed-form bound (``module.analytic_elbo``: no sampling at all).
     :param int seed: seeds the minibatch order (and Pyro's RNG at the start of a fresh run).
     :param checkpoint: path written every ``checkpoint_every`` steps and at the end.
     :param resume: path of a checkpoint to continue from (same module layout).
@@ -146,8 +147,8 @@ def fit(
     elif num_data is None:
         raise ValueError("fit with a DataLoader needs num_data (the size of the whole data set)")
     elbo = elbo or TraceMeanField_ELBO()
-    if not hasattr(elbo, "differentiable_loss"):
-        raise TypeError("elbo must be a Pyro ELBO with differentiable_loss")
+    if elbo != "analytic" and not hasattr(elbo, "differentiable_loss"):
+        raise TypeError('elbo must be a Pyro ELBO with differentiable_loss, or "analytic"')
 
     ref = next(module.parameters())
     qu_ids = _qu_params(module) if natgrad_lr else set()
@@ -184,7 +185,10 @@ def fit(
             yb = yb.to(device=ref.device, dtype=ref.dtype if yb.is_floating_point() else yb.dtype)
             optimizer.zero_grad(set_to_none=True)
             try:
-                loss = elbo.differentiable_loss(module.model, module.guide, Xb, yb, num_data=num_data)
+                if elbo == "analytic":
+                    loss = -module.analytic_elbo(Xb, yb, num_data=num_data)
+                else:
+                    loss = elbo.differentiable_loss(module.model, module.guide, Xb, yb, num_data=num_data)
             except ValueError:
                 # with validation on, a distribution refuses NaN parameters before the loss can be NaN
                 if all(bool(torch.isfinite(p).all()) for p in module.parameters()):
