@@ -2,6 +2,12 @@
 hyperparameters plus natural-gradient steps on q(u)), a progress bar with the running ELBO, a guard against
 non-finite losses, and checkpoints that resume training identically.
 
+Data-parallel: run the same script under ``torchrun --nproc_per_node=K`` after
+``torch.distributed.init_process_group("gloo")`` (``"nccl"`` on GPUs). ``fit`` then broadcasts rank 0's parameters,
+gives each rank its slice of every global minibatch, averages losses and gradients over ranks, and averages the
+natural parameters after a natural-gradient step (exact, since the step is linear in the data term), so the ranks
+stay identical and memory per rank is independent of N.
+
 Any module with ``model(X, y, num_data=N)`` / ``guide(X, y, num_data=N)`` methods works (``SVGP`` and the later
 layers follow that convention).
 """
@@ -37,14 +43,24 @@ class NonFiniteLossError(FloatingPointError):
 
 class EpochBatchSampler(Sampler):
     """Minibatch indices of a random permutation per epoch, a deterministic function of ``(seed, epoch)``, so that
-    a resumed run sees the same batches as an uninterrupted one."""
+    a resumed run sees the same batches as an uninterrupted one.
 
-    def __init__(self, num_data: int, batch_size: int, seed: int = 0, start_step: int = 0):
+    Data-parallel: with ``world_size`` ranks each step draws a global batch of ``batch_size * world_size`` indices
+    and rank ``r`` takes the ``r``-th slice; the last incomplete global batch of an epoch is dropped so that every
+    rank has a full batch."""
+
+    def __init__(self, num_data: int, batch_size: int, seed: int = 0, start_step: int = 0, rank: int = 0,
+                 world_size: int = 1):
+        if world_size > 1 and num_data < batch_size * world_size:
+            raise ValueError(f"{num_data} points cannot fill {world_size} batches of {batch_size}")
         self.num_data, self.batch_size, self.seed, self.start_step = num_data, batch_size, seed, start_step
+        self.rank, self.world_size = rank, world_size
 
     @property
     def steps_per_epoch(self) -> int:
-        return math.ceil(self.num_data / self.batch_size)
+        if self.world_size == 1:
+            return math.ceil(self.num_data / self.batch_size)
+        return self.num_data // (self.batch_size * self.world_size)
 
     def __iter__(self):
         step = self.start_step
@@ -52,7 +68,8 @@ class EpochBatchSampler(Sampler):
             epoch, pos = divmod(step, self.steps_per_epoch)
             g = torch.Generator().manual_seed(self.seed * 100003 + epoch)
             perm = torch.randperm(self.num_data, generator=g)
-            yield perm[pos * self.batch_size : (pos + 1) * self.batch_size].tolist()
+            start = (pos * self.world_size + self.rank) * self.batch_size
+            yield perm[start : start + self.batch_size].tolist()
             step += 1
 
 
@@ -91,6 +108,18 @@ def load_checkpoint(path, module, optimizer=None) -> FitState:
     if "cuda_rng" in payload and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(payload["cuda_rng"])
     return FitState(payload["step"], payload["losses"])
+
+
+def _dist():
+    """``(rank, world_size)`` of an initialised ``torch.distributed`` process group, else ``(0, 1)``."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _average(t: torch.Tensor) -> torch.Tensor:
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+    return t.div_(torch.distributed.get_world_size())
 
 
 def _qu_params(module):
@@ -157,20 +186,25 @@ def fit(
     params = [p for p in module.parameters() if id(p) not in qu_ids]
     optimizer = torch.optim.Adam(params, lr=lr)
 
+    rank, world = _dist()
     state = FitState()
     if resume is not None:
         state = load_checkpoint(resume, module, optimizer)
     else:
-        pyro.set_rng_seed(seed)
+        pyro.set_rng_seed(seed + rank)
+    if world > 1:  # every rank starts from rank 0's parameters
+        with torch.no_grad():
+            for p in module.parameters():
+                torch.distributed.broadcast(p.data, src=0)
     if loader is None:
-        sampler = EpochBatchSampler(num_data, batch_size, seed, start_step=state.step)
+        sampler = EpochBatchSampler(num_data, batch_size, seed, start_step=state.step, rank=rank, world_size=world)
         # its own generator: creating the iterator then draws no number from the global RNG (which Pyro's
         # sampling uses), so a resumed run draws the same particles as an uninterrupted one
         loader = DataLoader(TensorDataset(X, y), batch_sampler=sampler, generator=torch.Generator())
 
     nat = natgrad_step_for(getattr(module, "likelihood", None)) if natgrad_lr else None
 
-    bar = tqdm(total=num_steps, initial=state.step, disable=not progress, desc="fit", dynamic_ncols=True)
+    bar = tqdm(total=num_steps, initial=state.step, disable=not progress or rank > 0, desc="fit", dynamic_ncols=True)
     running = None
     last_finite = None  # parameters at which the loss was last finite
     it = iter(loader)
@@ -196,6 +230,11 @@ def fit(
                 loss = torch.tensor(float("nan"))
             else:
                 loss.backward()
+            if world > 1:  # data-parallel: average the loss and the gradients over ranks
+                loss = _average(loss.detach().clone().reshape(1))[0]
+                for p in params:
+                    if p.grad is not None:
+                        _average(p.grad)
             value = loss.item()
             finite = math.isfinite(value) and all(
                 p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params
@@ -216,10 +255,10 @@ def fit(
                 bar.set_postfix(elbo=f"{-running:.4g}")
             if callback is not None:
                 callback(state.step, value)
-            if checkpoint and checkpoint_every and state.step % checkpoint_every == 0:
+            if checkpoint and checkpoint_every and state.step % checkpoint_every == 0 and rank == 0:
                 save_checkpoint(checkpoint, module, optimizer, state)
     finally:
         bar.close()
-    if checkpoint:
+    if checkpoint and rank == 0:
         save_checkpoint(checkpoint, module, optimizer, state)
     return state

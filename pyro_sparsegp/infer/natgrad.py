@@ -56,6 +56,13 @@ def _apply(svgp, g1, g2, Luu, lr):
         p2 = p2.expand(svgp.num_outputs, *p2.shape)
     new1 = (1 - lr) * theta1 + lr * g1
     new2 = (1 - lr) * theta2 + lr * (p2 + g2)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # data-parallel: the step is linear in each rank's data term, so averaging the new natural parameters
+        # over ranks is the step with the averaged (larger-batch) data term
+        world = torch.distributed.get_world_size()
+        for t in (new1, new2):
+            torch.distributed.all_reduce(t)
+            t.div_(world)
     m, L = from_natural(new1, new2)
     q.set(m, L)
 

@@ -1,0 +1,56 @@
+"""Data-parallel fit under torch.distributed (gloo, two processes on this machine): the ranks stay identical and
+equal a single-process run whose batches are the union of the ranks' batches."""
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as tdist
+import torch.multiprocessing as mp
+from pyro.contrib.gp.kernels import RBF
+
+import pyro_sparsegp as ps
+from pyro_sparsegp.infer import fit
+
+STEPS, B = 12, 32
+
+
+def _setup():
+    torch.set_default_dtype(torch.float64)
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(256, 2, generator=g, dtype=torch.float64) * 4 - 2
+    y = torch.sin(2 * X[:, 0]) + 0.1 * torch.randn(256, generator=g, dtype=torch.float64)
+    gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(0.3))
+    return X, y, gp
+
+
+def _worker(rank, world, init_file, out_dir, natgrad_lr):
+    import pyro
+
+    with pyro.settings.context(module_local_params=True):
+        tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        try:
+            X, y, gp = _setup()
+            if rank == 1:  # a different start: fit must broadcast rank 0's parameters
+                with torch.no_grad():
+                    gp.q_u.u_loc_unconstrained.add_(1.0)
+            fit(gp, X, y, num_steps=STEPS, batch_size=B, lr=0.02, natgrad_lr=natgrad_lr, elbo="analytic",
+                progress=False, seed=5)
+            torch.save(gp.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
+        finally:
+            tdist.destroy_process_group()
+
+
+@pytest.mark.parametrize("natgrad_lr", [None, 0.5], ids=["adam", "natgrad"])
+def test_two_ranks_equal_one_process_with_the_union_of_their_batches(natgrad_lr):
+    with tempfile.TemporaryDirectory() as d:
+        init_file = os.path.join(d, "init")
+        mp.spawn(_worker, args=(2, init_file, d, natgrad_lr), nprocs=2, join=True)
+        r0 = torch.load(os.path.join(d, "rank0.pt"))
+        r1 = torch.load(os.path.join(d, "rank1.pt"))
+    X, y, gp = _setup()
+    fit(gp, X, y, num_steps=STEPS, batch_size=2 * B, lr=0.02, natgrad_lr=natgrad_lr, elbo="analytic",
+        progress=False, seed=5)
+    for k, v in gp.state_dict().items():
+        torch.testing.assert_close(r0[k], r1[k], rtol=0, atol=0, msg=k)
+        torch.testing.assert_close(r0[k], v, rtol=1e-9, atol=1e-9, msg=k)
