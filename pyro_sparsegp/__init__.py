@@ -1,4 +1,5 @@
 """pyro_sparsegp: sparse variational Gaussian processes as Pyro distributions, guides and modules."""
+
 from . import bounds, conditionals, distributions, infer, kernels, likelihoods, linalg, variational
 from .layers import SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit

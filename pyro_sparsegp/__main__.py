@@ -1,7 +1,8 @@
 """The main job: fit an SVGP to the bundled UCI power-plant data, print test metrics, write a plot.
 
-    python -m pyro_sparsegp [--steps 2000] [--M 128] [--plot powerplant_svgp.png] [--float32]
+python -m pyro_sparsegp [--steps 2000] [--M 128] [--plot powerplant_svgp.png] [--float32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,16 +38,26 @@ def main(argv=None):
 
     gp = ps.SVGP(RBF(D, lengthscale=torch.ones(D)), Z, ps.Gaussian(noise=0.1))
     t0 = time.perf_counter()
-    state = ps.infer.fit(gp, Xtr, ytr, num_steps=args.steps, batch_size=args.batch, lr=0.02, natgrad_lr=0.1,
-                         progress=not args.no_progress)
+    state = ps.infer.fit(
+        gp,
+        Xtr,
+        ytr,
+        num_steps=args.steps,
+        batch_size=args.batch,
+        lr=0.02,
+        natgrad_lr=0.1,
+        progress=not args.no_progress,
+    )
     seconds = time.perf_counter() - t0
 
     mean, var, pred = gp.predict(Xte, full=True)
     # metrics in the original units (MW): RMSE, and the mean test log-likelihood per point
     rmse = ((mean - yte) * y_std).pow(2).mean().sqrt().item()
     test_ll = (pred.log_prob(yte) - math.log(y_std)).mean().item()
-    print(f"UCI power plant (N_train={N}, N_test={len(yte)}, D={D}), SVGP M={args.M}, batch={args.batch}, "
-          f"{args.steps} steps (natural gradients on q(u), Adam on hyperparameters) in {seconds:.1f} s, {dtype}")
+    print(
+        f"UCI power plant (N_train={N}, N_test={len(yte)}, D={D}), SVGP M={args.M}, batch={args.batch}, "
+        f"{args.steps} steps (natural gradients on q(u), Adam on hyperparameters) in {seconds:.1f} s, {dtype}"
+    )
     print(f"test RMSE           {rmse:.3f} MW")
     print(f"test log-likelihood {test_ll:.4f} nats per point")
     print(f"final ELBO / N      {-sum(state.losses[-50:]) / 50 / N:.4f}")
@@ -62,8 +73,12 @@ def main(argv=None):
     fig, ax = plt.subplots(1, 2, figsize=(11, 4.2))
     loss = torch.tensor(state.losses) / N
     ax[0].plot(-loss, lw=0.6)
-    ax[0].set(xlabel="step", ylabel="ELBO / N", title="training", ylim=(float(-loss[len(loss) // 10:].max()) - 0.5,
-                                                                          float(-loss.min()) + 0.1))
+    ax[0].set(
+        xlabel="step",
+        ylabel="ELBO / N",
+        title="training",
+        ylim=(float(-loss[len(loss) // 10 :].max()) - 0.5, float(-loss.min()) + 0.1),
+    )
     order = torch.argsort(yte)[::4]  # every fourth test point, sorted
     obs = (yte * y_std + y_mean)[order]
     mu = (mean * y_std + y_mean)[order]
@@ -71,8 +86,11 @@ def main(argv=None):
     ax[1].errorbar(obs, mu, yerr=2 * sd, fmt=".", ms=3, alpha=0.6, elinewidth=0.6)
     lo, hi = float(obs.min()), float(obs.max())
     ax[1].plot([lo, hi], [lo, hi], "k--", lw=0.8)
-    ax[1].set(xlabel="observed output (MW)", ylabel="predicted (± 2 sd)",
-              title=f"test set: RMSE {rmse:.2f} MW, log-lik {test_ll:.3f}")
+    ax[1].set(
+        xlabel="observed output (MW)",
+        ylabel="predicted (± 2 sd)",
+        title=f"test set: RMSE {rmse:.2f} MW, log-lik {test_ll:.3f}",
+    )
     fig.tight_layout()
     fig.savefig(args.plot, dpi=120)
     print(f"plot written to {args.plot}")

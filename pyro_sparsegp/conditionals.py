@@ -23,6 +23,7 @@ data plate (``[..., L, 1, M]`` for ``L`` outputs, ``[P, 1, M]`` for ``P`` vector
 functions honour that convention, which is what makes vectorised particles and nested plates give ``f`` of shape
 ``[..., L, B]`` (a naive ``u @ W`` would put the particle dimension in the wrong place).
 """
+
 from __future__ import annotations
 
 import torch

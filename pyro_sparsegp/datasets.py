@@ -12,6 +12,7 @@ banana         5300 x 2         the 'banana' binary classification set (PMLB cop
 
 Every loader returns float tensors in the default dtype (or ``dtype``).
 """
+
 from __future__ import annotations
 
 import gzip

@@ -8,6 +8,7 @@ the Pyro kernel itself (by flattening ``X``) for any other kernel.
 
 Shapes: ``X`` ``[..., N, D]``, ``Z`` ``[..., M, D]`` (leading dimensions broadcast) ->  ``K`` ``[..., N, M]``.
 """
+
 from __future__ import annotations
 
 import math
@@ -110,7 +111,7 @@ def kernel_matrix(kernel, X: torch.Tensor, Z: torch.Tensor | None = None) -> tor
         batch = torch.broadcast_shapes(X.shape[:-2], Zi.shape[:-2])
         Xb = X.expand(batch + X.shape[-2:]).reshape(-1, *X.shape[-2:])
         Zb = Zi.expand(batch + Zi.shape[-2:]).reshape(-1, *Zi.shape[-2:])
-        K = torch.stack([kernel(x, z) for x, z in zip(Xb, Zb)])
+        K = torch.stack([kernel(x, z) for x, z in zip(Xb, Zb, strict=True)])
         return K.reshape(batch + K.shape[-2:])
     K = kernel(X.reshape(-1, X.shape[-1]), Zi)
     return K.reshape(X.shape[:-1] + Zi.shape[-2:-1])

@@ -12,6 +12,7 @@ Because the guide samples ``f`` from the same conditional as the model, ``log p(
 ``Trace_ELBO`` is an unbiased estimate of Hensman, Matthews, Ghahramani (2015) eq. 21 (Hensman 2013 L3 for a
 Gaussian likelihood); ``TraceMeanField_ELBO`` makes the KL analytic.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -237,7 +238,7 @@ class SVGP(PyroModule):
             expect = X.shape[-2:-1]
             if self.num_outputs is not None and self.likelihood is not None and self.likelihood.latent_dim == 1:
                 expect = expect + (self.num_outputs,)
-            if y.shape[-len(expect):] != expect:
+            if y.shape[-len(expect) :] != expect:
                 raise ValueError(f"y must have shape [..., {', '.join(map(str, expect))}], got {tuple(y.shape)}")
             if self.likelihood is not None:
                 self.likelihood.check_y(y)

@@ -10,6 +10,7 @@ Binary labels are ``{0, 1}`` everywhere in the package.
 
 Shapes: element-wise likelihoods take ``f`` ``[..., B]`` and give ``y`` ``[..., B]``.
 """
+
 from __future__ import annotations
 
 import pyro
@@ -143,7 +144,6 @@ class Bernoulli(Likelihood):
 
 def _log_ndtr(x):
     return torch.special.log_ndtr(x)
-
 
 
 class PolyaGammaLogit(Bernoulli):

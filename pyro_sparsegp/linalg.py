@@ -10,6 +10,7 @@ Jitter policy (one place, used everywhere):
 * If every try fails it raises :class:`torch.linalg.LinAlgError` naming the largest jitter tried. It never returns
   NaN silently.
 """
+
 from __future__ import annotations
 
 import functools

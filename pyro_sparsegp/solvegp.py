@@ -17,6 +17,7 @@ computation follows algorithm 1 of appendix D: Choleskys of ``Kuu`` ``[M, M]`` a
 of the ``(M + M2)``-square joint matrix. Whitening follows appendix F: ``u = L_u u'``, ``v⊥ = L_c v'`` with
 ``L_c = chol(Cvv)``.
 """
+
 from __future__ import annotations
 
 import pyro
@@ -47,8 +48,19 @@ class SOLVEGP(SVGP):
     :class:`~pyro_sparsegp.SVGP`; ``sample_u`` returns the pair ``(u, v)``.
     """
 
-    def __init__(self, kernel, Z, O, likelihood=None, num_outputs=None, whiten=True, name="gp",
-                 integrate_f=False, jitter=None, odvgp=False):
+    def __init__(
+        self,
+        kernel,
+        Z,
+        O,
+        likelihood=None,
+        num_outputs=None,
+        whiten=True,
+        name="gp",
+        integrate_f=False,
+        jitter=None,
+        odvgp=False,
+    ):
         super().__init__(kernel, Z, likelihood, num_outputs, whiten, name, integrate_f, jitter)
         if O.dim() != Z.dim() or O.shape[-1] != Z.shape[-1] or O.shape[:-2] != Z.shape[:-2]:
             raise ValueError(f"O must be shaped like Z ([..., M2, D] with D = {Z.shape[-1]}); got {tuple(O.shape)}")
@@ -138,7 +150,8 @@ class SOLVEGP(SVGP):
         u, v = uv
         Luu, Lc, B, D, kdiag = self._stats(X, consume)
         loc = cond.conditional_loc(u, B, None if self.whiten else Luu) + cond.conditional_loc(
-            v, D, None if self.whiten else Lc)
+            v, D, None if self.whiten else Lc
+        )
         var = cond.clamp_var(kdiag - B.pow(2).sum(-2) - D.pow(2).sum(-2))
         return loc, var.expand_as(loc)
 

@@ -6,6 +6,7 @@ Lawrence (2013), section 3, with ``u_loc`` (``m``) and ``u_scale_tril`` (``L``) 
 them. :func:`to_natural` / :func:`from_natural` map between ``(m, L)`` and the natural parameters
 :math:`\theta_1 = S^{-1} m`, :math:`\theta_2 = -\tfrac12 S^{-1}` used by natural-gradient steps (section 3.2).
 """
+
 from __future__ import annotations
 
 import pyro.distributions as dist

@@ -1,6 +1,7 @@
 """Test harness after Pyro's: float64 by default (``PYRO_SPARSEGP_DTYPE=float32`` for a float32 pass), a clear
 param store, module-local PyroModule parameters (so two modules in one test never share parameters through Pyro's
 global store; tests of the global store opt out), validation on and a fixed seed before every test."""
+
 import os
 
 import pyro

@@ -1,5 +1,6 @@
 """Cost guards: one ELBO evaluation factorises Kuu once (the guide computes, the model reuses), with and without
 plate subsampling, for the sampled-f and the integrated-f paths."""
+
 from unittest import mock
 
 import pytest

@@ -1,5 +1,6 @@
 """Data-parallel fit under torch.distributed (gloo, two processes on this machine): the ranks stay identical and
 equal a single-process run whose batches are the union of the ranks' batches."""
+
 import os
 import tempfile
 
@@ -34,8 +35,18 @@ def _worker(rank, world, init_file, out_dir, natgrad_lr):
             if rank == 1:  # a different start: fit must broadcast rank 0's parameters
                 with torch.no_grad():
                     gp.q_u.u_loc_unconstrained.add_(1.0)
-            fit(gp, X, y, num_steps=STEPS, batch_size=B, lr=0.02, natgrad_lr=natgrad_lr, elbo="analytic",
-                progress=False, seed=5)
+            fit(
+                gp,
+                X,
+                y,
+                num_steps=STEPS,
+                batch_size=B,
+                lr=0.02,
+                natgrad_lr=natgrad_lr,
+                elbo="analytic",
+                progress=False,
+                seed=5,
+            )
             torch.save(gp.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
         finally:
             tdist.destroy_process_group()
@@ -49,8 +60,18 @@ def test_two_ranks_equal_one_process_with_the_union_of_their_batches(natgrad_lr)
         r0 = torch.load(os.path.join(d, "rank0.pt"))
         r1 = torch.load(os.path.join(d, "rank1.pt"))
     X, y, gp = _setup()
-    fit(gp, X, y, num_steps=STEPS, batch_size=2 * B, lr=0.02, natgrad_lr=natgrad_lr, elbo="analytic",
-        progress=False, seed=5)
+    fit(
+        gp,
+        X,
+        y,
+        num_steps=STEPS,
+        batch_size=2 * B,
+        lr=0.02,
+        natgrad_lr=natgrad_lr,
+        elbo="analytic",
+        progress=False,
+        seed=5,
+    )
     for k, v in gp.state_dict().items():
         torch.testing.assert_close(r0[k], r1[k], rtol=0, atol=0, msg=k)
         torch.testing.assert_close(r0[k], v, rtol=1e-9, atol=1e-9, msg=k)

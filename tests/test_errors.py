@@ -1,5 +1,6 @@
 """Bad input gets a clear error, never a silent NaN; a nearly singular Kuu succeeds through documented jitter
 escalation that warns."""
+
 import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF

@@ -1,4 +1,5 @@
 """The training loop: it learns, guards non-finite losses, checkpoints and resumes identically."""
+
 import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
@@ -73,7 +74,7 @@ def test_checkpoint_resumes_identically(tmp_path):
         resumed.q_u.u_loc_unconstrained.add_(1.0)
     state = fit(resumed, X, y, num_steps=30, batch_size=64, progress=False, seed=3, resume=str(path))
     assert state.step == 30 and len(state.losses) == 30
-    for (k, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+    for (k, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
 
 

@@ -1,5 +1,6 @@
 """float32 works: the same model in float32 and float64 gives the same bound and predictions to float32 accuracy,
 and trains with finite losses (the whole suite also runs with PYRO_SPARSEGP_DTYPE=float32)."""
+
 import torch
 from pyro.contrib.gp.kernels import RBF
 
@@ -12,8 +13,12 @@ def _build(dtype):
     X = (torch.rand(200, 2, generator=g, dtype=torch.float64) * 4 - 2).to(dtype)
     y = torch.sin(2 * X[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64).to(dtype)
     Z = X[:20].clone()
-    gp = ps.SVGP(RBF(2, lengthscale=torch.ones(2, dtype=dtype), variance=torch.tensor(1.0, dtype=dtype)),
-                 Z, ps.Gaussian(torch.tensor(0.1, dtype=dtype)), integrate_f=True)
+    gp = ps.SVGP(
+        RBF(2, lengthscale=torch.ones(2, dtype=dtype), variance=torch.tensor(1.0, dtype=dtype)),
+        Z,
+        ps.Gaussian(torch.tensor(0.1, dtype=dtype)),
+        integrate_f=True,
+    )
     gp.to(dtype)
     return X, y, gp
 

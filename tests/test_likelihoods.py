@@ -1,5 +1,6 @@
 """Likelihoods: quadrature against Monte Carlo, closed forms against the generic quadrature, predictive
 distributions against numerical integration; gradients of the bound against finite differences."""
+
 import math
 
 import pyro.distributions as dist

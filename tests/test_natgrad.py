@@ -1,4 +1,5 @@
 """Natural-gradient steps (Hensman 2013, section 3.2) against the dense optimum of section 2."""
+
 import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
@@ -16,8 +17,13 @@ def _gp(whiten, num_outputs=None):
     y = f + 0.2 * torch.randn(N)
     if num_outputs:
         y = torch.stack([y, -y + 0.1 * torch.randn(N)], -1)
-    gp = ps.SVGP(RBF(D, lengthscale=torch.tensor(0.8)), torch.rand(M, D) * 4 - 2, ps.Gaussian(0.05),
-                 num_outputs=num_outputs, whiten=whiten)
+    gp = ps.SVGP(
+        RBF(D, lengthscale=torch.tensor(0.8)),
+        torch.rand(M, D) * 4 - 2,
+        ps.Gaussian(0.05),
+        num_outputs=num_outputs,
+        whiten=whiten,
+    )
     return X, y, gp
 
 
@@ -28,8 +34,11 @@ def _optimum(gp, X, y):
     if gp.whiten:
         Luu = torch.linalg.cholesky(Kuu)
         m = torch.linalg.solve_triangular(Luu, m.unsqueeze(-1), upper=False).squeeze(-1)
-        L = torch.linalg.cholesky(torch.linalg.solve_triangular(Luu, torch.linalg.solve_triangular(
-            Luu, L @ L.mT, upper=False).mT, upper=False))
+        L = torch.linalg.cholesky(
+            torch.linalg.solve_triangular(
+                Luu, torch.linalg.solve_triangular(Luu, L @ L.mT, upper=False).mT, upper=False
+            )
+        )
     return m, L
 
 
@@ -46,8 +55,9 @@ def test_one_full_batch_step_of_length_one_lands_on_the_optimum(step, whiten):
     k = gp.kernel
     with torch.no_grad():
         Kuu, Kuf, kd = k(gp.Z) + 1e-10 * torch.eye(M), k(gp.Z, X), k(X, diag=True)
-        bound = B.kl_sparse_bound(y, gp.likelihood.expected_log_prob, Kuu, Kuf, kd, gp.q_u.u_loc,
-                                  gp.q_u.u_scale_tril, whiten=whiten)
+        bound = B.kl_sparse_bound(
+            y, gp.likelihood.expected_log_prob, Kuu, Kuf, kd, gp.q_u.u_loc, gp.q_u.u_scale_tril, whiten=whiten
+        )
         assert abs(bound - B.titsias_bound(y, gp.likelihood.noise, Kuu, Kuf, kd)) < 1e-6 * abs(bound)
 
 
@@ -82,12 +92,13 @@ def test_non_conjugate_step_increases_the_bound():
     def bound():
         with torch.no_grad():
             Kuu, Kuf, kd = k(gp.Z) + 1e-10 * torch.eye(M), k(gp.Z, X), k(X, diag=True)
-            return B.kl_sparse_bound(y, gp.likelihood.expected_log_prob, Kuu, Kuf, kd, gp.q_u.u_loc,
-                                     gp.q_u.u_scale_tril, whiten=True)
+            return B.kl_sparse_bound(
+                y, gp.likelihood.expected_log_prob, Kuu, Kuf, kd, gp.q_u.u_loc, gp.q_u.u_scale_tril, whiten=True
+            )
 
     values = [bound()]
     for _ in range(15):
         natgrad_step(gp, X, y, lr=0.5)
         values.append(bound())
-    assert all(b > a - 1e-9 for a, b in zip(values, values[1:]))
+    assert all(b > a - 1e-9 for a, b in zip(values[:-1], values[1:], strict=True))
     assert values[-1] > values[0] + 1.0

@@ -1,5 +1,6 @@
 """Shapes, Pyro's distribution contract, vectorised particles and plates, SVI updating every parameter,
 Predictive, and two stacked layers."""
+
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -94,10 +95,16 @@ def test_every_parameter_changes_after_one_svi_step(whiten, local):
         svi = SVI(gp.model, gp.guide, pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
         before = {k: v.detach().clone() for k, v in gp.named_parameters()}
         assert {k.replace("_unconstrained", "") for k in before} == {
-            "kernel.variance", "kernel.lengthscale", "Z", "likelihood.noise", "q_u.u_loc", "q_u.u_scale_tril"}
+            "kernel.variance",
+            "kernel.lengthscale",
+            "Z",
+            "likelihood.noise",
+            "q_u.u_loc",
+            "q_u.u_scale_tril",
+        }
         svi.step(X, y)
         for k, v in gp.named_parameters():
-            changed = (v.detach() != before[k])
+            changed = v.detach() != before[k]
             if k.startswith("q_u.u_scale_tril"):
                 changed = changed[torch.tril_indices(5, 5)[0], torch.tril_indices(5, 5)[1]]
             assert changed.all(), k

@@ -1,5 +1,6 @@
 """SOLVE-GP (Shi, Titsias, Mnih 2020) as Pyro sites: unbiased for eq. 8, equal to the structured SVGP of section 3.3
 over {Z, O}, reducing to SVGP when q(v⊥) = p(v⊥), whitening-invariant, and cheap (no (M + M2)-square Cholesky)."""
+
 import math
 from unittest import mock
 
@@ -24,7 +25,9 @@ def _problem(lik="gaussian", whiten=False, odvgp=False):
     k = RBF(D, variance=torch.tensor(1.5), lengthscale=torch.tensor(0.7))
     gp = ps.SOLVEGP(k, torch.rand(M, D) * 4 - 2, torch.rand(M2, D) * 4 - 2, likelihood, whiten=whiten, odvgp=odvgp)
     with torch.no_grad():
-        gp.q_u.set(0.7 * torch.randn(M), torch.tril(0.2 * torch.randn(M, M), -1) + torch.diag(0.4 + 0.3 * torch.rand(M)))
+        gp.q_u.set(
+            0.7 * torch.randn(M), torch.tril(0.2 * torch.randn(M, M), -1) + torch.diag(0.4 + 0.3 * torch.rand(M))
+        )
         Lv = torch.tril(0.2 * torch.randn(M2, M2), -1) + torch.diag(0.3 + 0.3 * torch.rand(M2))
         gp.q_v.set(0.7 * torch.randn(M2), Lv if not odvgp else None)
     return X, y, gp
@@ -38,8 +41,11 @@ def _dense(gp):
     Cvv = Kvv - Kuv.mT @ torch.linalg.solve(Kuu, Kuv)
     m_u, L_u = gp.q_u.u_loc.detach(), gp.q_u.u_scale_tril.detach()
     m_v = gp.q_v.u_loc.detach()
-    L_v = gp.q_v.u_scale_tril.detach() if gp.q_v.learn_scale else (
-        torch.eye(M2) if gp.whiten else torch.linalg.cholesky(Cvv))
+    L_v = (
+        gp.q_v.u_scale_tril.detach()
+        if gp.q_v.learn_scale
+        else (torch.eye(M2) if gp.whiten else torch.linalg.cholesky(Cvv))
+    )
     if gp.whiten:
         Lu0, Lc0 = torch.linalg.cholesky(Kuu), torch.linalg.cholesky(Cvv)
         m_u, L_u, m_v, L_v = Lu0 @ m_u, Lu0 @ L_u, Lc0 @ m_v, Lc0 @ L_v
@@ -60,8 +66,11 @@ def _structured(gp, X):
 
 def _eq8_dense(gp, X, y):
     K, Kuf, kd, m, L = _structured(gp, X)
-    ell = gp.likelihood.expected_log_prob if isinstance(gp.likelihood, ps.Gaussian) else \
-        gp.likelihood.quadrature_expected_log_prob
+    ell = (
+        gp.likelihood.expected_log_prob
+        if isinstance(gp.likelihood, ps.Gaussian)
+        else gp.likelihood.quadrature_expected_log_prob
+    )
     return B.kl_sparse_bound(y, ell, K, Kuf, kd, m, L)
 
 
@@ -111,8 +120,9 @@ def test_prior_q_v_reduces_to_svgp(lik, whiten):
         solve = _eq8_module(gp, X, y)
         ell = gp.likelihood.expected_log_prob if lik == "gaussian" else gp.likelihood.quadrature_expected_log_prob
         k = gp.kernel
-        svgp = B.kl_sparse_bound(y, ell, Kuu, k(gp.Z, X), k(X, diag=True), gp.q_u.u_loc, gp.q_u.u_scale_tril,
-                                 whiten=whiten)
+        svgp = B.kl_sparse_bound(
+            y, ell, Kuu, k(gp.Z, X), k(X, diag=True), gp.q_u.u_loc, gp.q_u.u_scale_tril, whiten=whiten
+        )
     assert abs(solve - svgp) <= 1e-8 * abs(svgp)
 
 

@@ -15,6 +15,7 @@ c^2\bar\omega/2`. The optimal local parameter is :math:`c_n = \sqrt{\mu_n^2 + \s
 For every :math:`c` the per-point term equals the Jaakkola-Jordan bound on :math:`\mathbb{E}\log\sigma(s_n f_n)`
 (Durante and Rigon 2019), which :func:`jaakkola_jordan_bound` computes independently for the tests.
 """
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ clarity (``O(M^3 + N M^2)``), with leading batch dimensions allowed on every arg
 Notation: ``Kuu [M, M]``, ``Kuf [M, N]``, ``kff_diag [N]``, ``q(u) = N(m, S)`` with ``S = L L^T``, noise variance
 :math:`\sigma^2 = \beta^{-1}`.
 """
+
 from __future__ import annotations
 
 import math

@@ -8,6 +8,7 @@ the factor that, multiplied by the prior :math:`\mathrm{PG}(\omega | 1, 0)` and 
 :math:`\sigma(s f)`. It is not normalised over ``y`` for fixed ``omega`` (the pair ``(y, omega)`` is); ``sample``
 draws ``y`` from the exact conditional :math:`p(y | f) = \mathrm{Bernoulli}(\sigma(f))` so that ``Predictive`` works.
 """
+
 import math
 
 import torch

@@ -1,5 +1,6 @@
 """All KL divergences the package registers with :func:`torch.distributions.kl.register_kl`, so that
 ``TraceMeanField_ELBO`` evaluates them in closed form. Each returns exactly the broadcast batch shape."""
+
 import torch
 from torch.distributions import Independent, MultivariateNormal, Normal, register_kl
 
@@ -23,5 +24,3 @@ def _kl_mvn_diag_normal(q, p):
     kl = 0.5 * ((S_diag + (q.loc - loc).pow(2)) / var_p).sum(-1) - 0.5 * M + scale.log().sum(-1) - half_logdet_q
     shape = torch.broadcast_shapes(q.batch_shape, p.batch_shape)
     return kl.expand(shape)
-
-

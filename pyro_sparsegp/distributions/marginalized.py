@@ -6,6 +6,7 @@ r"""A distribution over observations with the latent function integrated out und
 2015 eq. 21) and removes the Monte-Carlo noise of ``f``. It is not a normalised density of ``y``; ``sample`` draws
 ``f`` and then ``y`` so that ``Predictive`` works.
 """
+
 import torch
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
@@ -33,7 +34,7 @@ class MarginalizedLikelihood(TorchDistribution):
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
-        f_shape = batch_shape + self.f_loc.shape[len(self.batch_shape):]
+        f_shape = batch_shape + self.f_loc.shape[len(self.batch_shape) :]
         new = self._get_checked_instance(MarginalizedLikelihood, _instance)
         new.likelihood = self.likelihood
         new.f_loc = self.f_loc.expand(f_shape)

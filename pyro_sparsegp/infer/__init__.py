@@ -1,4 +1,5 @@
 """Inference: natural-gradient steps and the ``fit`` training loop."""
+
 from .fit import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
 from .natgrad import gaussian_natgrad_step, natgrad_step, natgrad_step_for, polya_gamma_natgrad_step
 

@@ -11,6 +11,7 @@ stay identical and memory per rank is independent of N.
 Any module with ``model(X, y, num_data=N)`` / ``guide(X, y, num_data=N)`` methods works (``SVGP`` and the later
 layers follow that convention).
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,9 @@ class EpochBatchSampler(Sampler):
     and rank ``r`` takes the ``r``-th slice; the last incomplete global batch of an epoch is dropped so that every
     rank has a full batch."""
 
-    def __init__(self, num_data: int, batch_size: int, seed: int = 0, start_step: int = 0, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self, num_data: int, batch_size: int, seed: int = 0, start_step: int = 0, rank: int = 0, world_size: int = 1
+    ):
         if world_size > 1 and num_data < batch_size * world_size:
             raise ValueError(f"{num_data} points cannot fill {world_size} batches of {batch_size}")
         self.num_data, self.batch_size, self.seed, self.start_step = num_data, batch_size, seed, start_step
@@ -236,9 +238,7 @@ def fit(
                     if p.grad is not None:
                         _average(p.grad)
             value = loss.item()
-            finite = math.isfinite(value) and all(
-                p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params
-            )
+            finite = math.isfinite(value) and all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params)
             if not finite:
                 if last_finite is not None:
                     module.load_state_dict(last_finite)

@@ -14,6 +14,7 @@ the optimal q(u). For other likelihoods :func:`natgrad_step` obtains :math:`g` b
 quadrature expected log-likelihood with respect to :math:`(m, S)`, using
 :math:`\nabla_{\eta_1} = \nabla_m - 2(\nabla_S) m`, :math:`\nabla_{\eta_2} = \nabla_S`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -114,7 +115,6 @@ def natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 0.1, num_da
         gS = 0.5 * (gS + gS.mT)
         g1 = gm - 2 * (gS @ m0.unsqueeze(-1)).squeeze(-1)
         _apply(svgp, g1, gS, Luu, lr)
-
 
 
 def polya_gamma_natgrad_step(svgp, X, y, lr: float = 1.0, num_data: int | None = None, c: torch.Tensor | None = None):
