@@ -25,6 +25,7 @@ from torch.distributions import constraints
 
 from . import conditionals as cond
 from .distributions import MarginalizedLikelihood
+from .distributions.kl import ConditionalNormal
 from .kernels import expected_input_dim, kernel_diag, kernel_matrix
 from .likelihoods import Likelihood
 from .linalg import cholesky
@@ -181,7 +182,7 @@ class SVGP(PyroModule):
         if consume and key in self._cache:
             return self._cache.pop(key)
         loc, var = self._moments(X, u, consume)
-        fn = dist.Normal(loc, var.sqrt())
+        fn = ConditionalNormal(loc, var.sqrt())
         if not consume:
             self._cache[key] = fn
         return fn

@@ -27,6 +27,7 @@ from pyro.nn import PyroParam, pyro_method
 from torch.distributions import constraints
 
 from . import conditionals as cond
+from .distributions.kl import ConditionalNormal
 from .kernels import kernel_diag, kernel_matrix
 from .layers import SVGP, _check_finite, _xkey
 from .linalg import cholesky, solve_lower
@@ -192,7 +193,7 @@ class SOLVEGP(SVGP):
         if consume and key in self._cache:
             return self._cache.pop(key)
         loc, var = self._moments(X, uv, consume)
-        fn = dist.Normal(loc, var.sqrt())
+        fn = ConditionalNormal(loc, var.sqrt())
         if not consume:
             self._cache[key] = fn
         return fn

@@ -2,6 +2,7 @@
 ``TraceMeanField_ELBO`` evaluates them in closed form. Each returns exactly the broadcast batch shape."""
 
 import torch
+from pyro.distributions import Normal as PyroNormal
 from torch.distributions import Independent, MultivariateNormal, Normal, register_kl
 
 
@@ -24,3 +25,21 @@ def _kl_mvn_diag_normal(q, p):
     kl = 0.5 * ((S_diag + (q.loc - loc).pow(2)) / var_p).sum(-1) - 0.5 * M + scale.log().sum(-1) - half_logdet_q
     shape = torch.broadcast_shapes(q.batch_shape, p.batch_shape)
     return kl.expand(shape)
+
+
+class ConditionalNormal(PyroNormal):
+    """The Normal of ``p(f | u)``. The guide and the model use the very same object for the ``f`` site (the
+    conditional cancels in the ELBO), so its KL to itself is the constant zero: registering that saves
+    ``TraceMeanField_ELBO`` the elementwise work and its backward over the minibatch."""
+
+
+@register_kl(ConditionalNormal, ConditionalNormal)
+def _kl_conditional_normal(q, p):
+    if q is p:
+        return torch.zeros(q.batch_shape, dtype=q.loc.dtype, device=q.loc.device)
+    var_ratio = (q.scale / p.scale).pow(2)
+    t1 = ((q.loc - p.loc) / p.scale).pow(2)
+    return 0.5 * (var_ratio + t1 - 1 - var_ratio.log())
+
+
+__all__ = ["ConditionalNormal"]

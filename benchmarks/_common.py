@@ -1,0 +1,58 @@
+"""Shared helpers of the benchmarks: argument parsing, alternating timing, tables and JSON rows."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a reduced run that finishes in under two minutes")
+    p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list of flat objects")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
+    return p
+
+
+def setup(args) -> None:
+    torch.set_num_threads(args.threads)
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu")
+
+
+def time_alternating(fns: dict, repeats: int, warmup: int = 2) -> dict:
+    """Median wall time in ms of each callable, measured round-robin (a, b, c, a, b, c, ...) so that drifts in the
+    machine's speed affect every contender alike."""
+    for _ in range(warmup):
+        for f in fns.values():
+            f()
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(1000 * (time.perf_counter() - t))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+def write_json(path: str | None, rows: list[dict]) -> None:
+    if path:
+        with open(path, "w") as fh:
+            json.dump(rows, fh, indent=1)
+        print(f"# wrote {len(rows)} rows to {path}")
