@@ -43,3 +43,20 @@ def _kl_conditional_normal(q, p):
 
 
 __all__ = ["ConditionalNormal"]
+
+
+def _register_polya_gamma():
+    from .polya_gamma import PolyaGamma, _log_cosh_half
+
+    @register_kl(PolyaGamma, PolyaGamma)
+    def _kl_polya_gamma(q, p):
+        r""":math:`\mathrm{KL}[\mathrm{PG}(b, c_q) \| \mathrm{PG}(b, c_p)] = b\log\cosh(c_q/2) - b\log\cosh(c_p/2)
+        - \tfrac12(c_q^2 - c_p^2)\,\mathbb{E}_q[\omega]` (the densities share the base :math:`\mathrm{PG}(b, 0)`);
+        with :math:`c_p = 0` this is the KL term of Wenzel et al. (2019)."""
+        if not torch.equal(*torch.broadcast_tensors(q.b, p.b)):
+            raise NotImplementedError("KL between Pólya-Gamma distributions with different b")
+        kl = q.b * (_log_cosh_half(q.c) - _log_cosh_half(p.c)) - 0.5 * (q.c.pow(2) - p.c.pow(2)) * q.mean
+        return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+_register_polya_gamma()
