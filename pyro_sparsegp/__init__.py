@@ -3,6 +3,7 @@
 from . import bounds, conditionals, distributions, infer, kernels, likelihoods, linalg, variational
 from .layers import SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
+from .likelihoods_multiclass import RobustMax, Softmax
 from .linalg import CholeskyJitterWarning
 from .solvegp import SOLVEGP
 
@@ -14,6 +15,8 @@ __all__ = [
     "Gaussian",
     "Bernoulli",
     "PolyaGammaLogit",
+    "RobustMax",
+    "Softmax",
     "CholeskyJitterWarning",
     "bounds",
     "conditionals",

@@ -34,7 +34,10 @@ class MarginalizedLikelihood(TorchDistribution):
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
-        f_shape = batch_shape + self.f_loc.shape[len(self.batch_shape) :]
+        if self.likelihood.latent_dim == 1:
+            f_shape = batch_shape
+        else:  # the classes' dimension of f stands where y keeps a singleton (see likelihoods_multiclass)
+            f_shape = batch_shape[:-2] + self.f_loc.shape[-2:-1] + batch_shape[-1:]
         new = self._get_checked_instance(MarginalizedLikelihood, _instance)
         new.likelihood = self.likelihood
         new.f_loc = self.f_loc.expand(f_shape)
