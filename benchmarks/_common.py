@@ -19,6 +19,10 @@ def parser(doc: str) -> argparse.ArgumentParser:
 
 
 def setup(args) -> None:
+    import pyro
+
+    # every model keeps its own parameters (Pyro's global store would share same-named ones between models)
+    pyro.settings.set(module_local_params=True)
     torch.set_num_threads(args.threads)
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu")
 

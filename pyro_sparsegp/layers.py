@@ -89,7 +89,7 @@ class SVGP(PyroModule):
         integrate_f: bool = False,
         jitter: float | None = None,
     ):
-        super().__init__()
+        super().__init__(name=name)  # parameters are named "<name>.Z", "<name>.q_u.u_loc", ... in Pyro's store
         if Z.dim() not in (2, 3):
             raise ValueError(f"Z must be [M, D] or [L, M, D], got shape {tuple(Z.shape)}")
         if Z.dim() == 3 and (num_outputs is None or Z.shape[0] != num_outputs):
