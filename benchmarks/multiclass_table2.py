@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyro
 import torch
+from _classification_data import stratified_split
 from _common import parser, setup, table, write_json
 from pyro.contrib.gp.kernels import RBF
 
@@ -93,16 +94,6 @@ def load(name):
         frac = 0.9
     _, y = np.unique(y, return_inverse=True)
     return X.astype(float), y.astype(float), frac
-
-
-def stratified_split(y, frac, rng):
-    train = []
-    for c in np.unique(y):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        train.extend(idx[: max(1, int(round(frac * len(idx))))])
-    train = np.array(sorted(train))
-    test = np.setdiff1d(np.arange(len(y)), train)
-    return train, test
 
 
 def run_one(X, y, frac_m, iters, seed):
