@@ -60,3 +60,61 @@ def write_json(path: str | None, rows: list[dict]) -> None:
         with open(path, "w") as fh:
             json.dump(rows, fh, indent=1)
         print(f"# wrote {len(rows)} rows to {path}")
+
+
+def batches(N: int, B: int, steps: int, seed: int = 0) -> list:
+    """Minibatch index tensors of successive random permutations (the same for every compared model)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    while len(out) < steps:
+        perm = torch.randperm(N, generator=g)
+        out += [perm[i : i + B] for i in range(0, N - B + 1, B)]
+    return out[:steps]
+
+
+def train_trace(step, evaluate, idx, every: int) -> list:
+    """Run ``step(i)`` over the minibatches ``idx``, evaluating every ``every`` steps; the clock runs only during
+    training steps. Returns ``[(step, seconds, evaluate()), ...]``."""
+    clock, trace = 0.0, []
+    for s, i in enumerate(idx, 1):
+        t = time.perf_counter()
+        step(i)
+        clock += time.perf_counter() - t
+        if s % every == 0 or s == len(idx):
+            trace.append((s, clock, evaluate()))
+    return trace
+
+
+def lbfgs_fit(gp, X, y, params, iters: int) -> None:
+    """Full-batch L-BFGS on the module's closed-form bound (per data point)."""
+    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=iters, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = -gp.analytic_elbo(X, y) / X.shape[0]
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+
+
+def gpytorch_svgp(Z, strategy=None, mean_inducing=None):
+    """GPyTorch's SVGP (zero mean, ScaleKernel(RBF with ARD)) with ``strategy`` (default VariationalStrategy);
+    with ``mean_inducing`` points, the OrthogonallyDecoupledVariationalStrategy around it."""
+    import gpytorch
+
+    class Model(gpytorch.models.ApproximateGP):
+        def __init__(self):
+            q = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
+            s = (strategy or gpytorch.variational.VariationalStrategy)(self, Z, q, learn_inducing_locations=True)
+            if mean_inducing is not None:
+                s = gpytorch.variational.OrthogonallyDecoupledVariationalStrategy(
+                    s, mean_inducing, gpytorch.variational.DeltaVariationalDistribution(mean_inducing.shape[0]))
+            super().__init__(s)
+            self.mean_module = gpytorch.means.ZeroMean()
+            self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=Z.shape[-1]))
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    return Model()

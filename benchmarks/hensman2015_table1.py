@@ -22,7 +22,7 @@ import numpy as np
 import pyro
 import torch
 from _classification_data import load_binary, load_mnist_test, stratified_split
-from _common import parser, setup, table, write_json
+from _common import lbfgs_fit, parser, setup, table, write_json
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
@@ -43,19 +43,8 @@ def train_klsp(X, y, M, iters, seed):
     gp = ps.SVGP(RBF(D, lengthscale=torch.full((D,), math.sqrt(D))), X[torch.randperm(N)[:M]].clone(),
                  ps.Bernoulli("probit"), whiten=True)
 
-    def run(params, n):
-        opt = torch.optim.LBFGS(params, lr=1.0, max_iter=n, line_search_fn="strong_wolfe")
-
-        def closure():
-            opt.zero_grad()
-            loss = -gp.analytic_elbo(X, y) / N
-            loss.backward()
-            return loss
-
-        opt.step(closure)
-
-    run(list(gp.q_u.parameters()), 50)  # hyperparameters frozen first
-    run(list(gp.parameters()), iters)
+    lbfgs_fit(gp, X, y, list(gp.q_u.parameters()), 50)  # hyperparameters frozen first
+    lbfgs_fit(gp, X, y, list(gp.parameters()), iters)
     return gp
 
 

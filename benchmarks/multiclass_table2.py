@@ -12,7 +12,6 @@ numbers of repetitions (``--splits``). Metric: mean negative test log-likelihood
 """
 from __future__ import annotations
 
-import gzip
 import math
 import time
 import warnings
@@ -21,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pyro
 import torch
-from _classification_data import stratified_split
-from _common import parser, setup, table, write_json
+from _classification_data import _pmlb, stratified_split
+from _common import lbfgs_fit, parser, setup, table, write_json
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
@@ -41,14 +40,6 @@ PAPER = {
     "wine": [(0.08, 0.02, 0.08, 0.02), (0.07, 0.01, 0.07, 0.01), (0.07, 0.01, 0.06, 0.02)],
 }
 FRACS = [0.05, 0.10, 0.20]
-
-
-def _pmlb(path):
-    with gzip.open(path, "rt") as fh:
-        header = fh.readline().strip().split("\t")
-        data = np.loadtxt(fh, delimiter="\t")
-    t = header.index("target")
-    return np.delete(data, t, axis=1), data[:, t]
 
 
 def _libsvm(path, dim):
@@ -105,16 +96,7 @@ def run_one(X, y, frac_m, iters, seed):
     Z = X[torch.randperm(N)[:M]].clone()
     gp = ps.SVGP(RBF(D, lengthscale=torch.full((D,), math.sqrt(D))), Z, ps.RobustMax(K, epsilon=1e-3),
                  num_outputs=K, whiten=True)
-    params = list(gp.parameters())
-    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=iters, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss = -gp.analytic_elbo(X, y) / N
-        loss.backward()
-        return loss
-
-    opt.step(closure)
+    lbfgs_fit(gp, X, y, list(gp.parameters()), iters)
     return gp, M
 
 

@@ -9,7 +9,6 @@ worst of the three methods' final NLPDs (so every method reaches it); the clock 
 """
 from __future__ import annotations
 
-import time
 import warnings
 
 import gpytorch
@@ -17,30 +16,10 @@ import numpy as np
 import pyro
 import torch
 from _classification_data import load_binary, stratified_split
-from _common import parser, setup, table, write_json
+from _common import batches, gpytorch_svgp, parser, setup, table, train_trace, write_json
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
-
-
-def batches(N, B, steps, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    while len(out) < steps:
-        perm = torch.randperm(N, generator=g)
-        out += [perm[i : i + B] for i in range(0, N - B + 1, B)]
-    return out[:steps]
-
-
-def run(step, evaluate, idx, every):
-    clock, trace = 0.0, []
-    for s, i in enumerate(idx, 1):
-        t = time.perf_counter()
-        step(i)
-        clock += time.perf_counter() - t
-        if s % every == 0 or s == len(idx):
-            trace.append((s, clock, evaluate()))
-    return trace
 
 
 def ours(kind, X, y, Xt, yt, Z, idx, every, lr, rho):
@@ -63,22 +42,11 @@ def ours(kind, X, y, Xt, yt, Z, idx, every, lr, rho):
         mean, var = gp.predict(Xt)
         return -ps.Bernoulli("logit", num_gh=40).predictive_log_prob(yt, mean, var).mean().item()
 
-    return run(step, evaluate, idx, every)
-
-
-class _GPyT(gpytorch.models.ApproximateGP):
-    def __init__(self, Z):
-        q = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
-        super().__init__(gpytorch.variational.VariationalStrategy(self, Z, q, learn_inducing_locations=True))
-        self.mean_module = gpytorch.means.ZeroMean()
-        self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=Z.shape[1]))
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+    return train_trace(step, evaluate, idx, every)
 
 
 def gpyt(X, y, Xt, yt, Z, idx, every, lr):
-    model = _GPyT(Z.clone())
+    model = gpytorch_svgp(Z.clone())
     model.covar_module.base_kernel.lengthscale = 1.0
     lik = gpytorch.likelihoods.BernoulliLikelihood()
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=len(X))
@@ -98,7 +66,7 @@ def gpyt(X, y, Xt, yt, Z, idx, every, lr):
             p = lik(model(Xt)).probs.clamp(1e-12, 1 - 1e-12)
         return -(yt * p.log() + (1 - yt) * (1 - p).log()).mean().item()
 
-    return run(step, evaluate, idx, every)
+    return train_trace(step, evaluate, idx, every)
 
 
 def reach(trace, target):

@@ -16,7 +16,7 @@ from unittest import mock
 import gpytorch
 import pyro
 import torch
-from _common import parser, setup, table, time_alternating, write_json
+from _common import gpytorch_svgp, parser, setup, table, time_alternating, write_json
 from pyro.contrib.gp.kernels import RBF
 from pyro.infer import TraceMeanField_ELBO
 
@@ -49,22 +49,8 @@ def ours_step(gp, X, y, analytic=False):
     return step
 
 
-class _ODVGP(gpytorch.models.ApproximateGP):
-    def __init__(self, Z, O):
-        covar = gpytorch.variational.VariationalStrategy(
-            self, Z, gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0]), learn_inducing_locations=True)
-        strategy = gpytorch.variational.OrthogonallyDecoupledVariationalStrategy(
-            covar, O, gpytorch.variational.DeltaVariationalDistribution(O.shape[0]))
-        super().__init__(strategy)
-        self.mean_module = gpytorch.means.ZeroMean()
-        self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=D))
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 def gpytorch_odvgp_step(M, X, y):
-    model = _ODVGP(torch.randn(M, D), torch.randn(M, D))
+    model = gpytorch_svgp(torch.randn(M, D), mean_inducing=torch.randn(M, D))
     lik = gpytorch.likelihoods.GaussianLikelihood()
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=N)
     opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=0.01)

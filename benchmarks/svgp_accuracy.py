@@ -14,29 +14,19 @@ expected log-likelihood, see its source).
 from __future__ import annotations
 
 import math
-import time
 import warnings
 
 import gpytorch
 import pyro
 import pyro.contrib.gp as pgp
 import torch
-from _common import parser, setup, table, write_json
+from _common import batches, gpytorch_svgp, parser, setup, table, write_json
+from _common import train_trace as train
 from pyro.contrib.gp.kernels import RBF
 from pyro.infer import TraceMeanField_ELBO
-from svgp_speed import _GPyTorchSVGP
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.datasets import load_powerplant, standardize
-
-
-def batches(N, B, steps, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    while len(out) < steps:
-        perm = torch.randperm(N, generator=g)
-        out += [perm[i : i + B] for i in range(0, N - B + 1, B)]
-    return out[:steps]
 
 
 def run_ours(mode, X, y, Xt, yt, Z, idx, every, lr):
@@ -67,7 +57,7 @@ def run_ours(mode, X, y, Xt, yt, Z, idx, every, lr):
 
 
 def run_gpytorch(X, y, Xt, yt, Z, idx, every, lr):
-    model = _GPyTorchSVGP(Z.clone(), gpytorch.variational.VariationalStrategy)
+    model = gpytorch_svgp(Z.clone())
     model.covar_module.base_kernel.lengthscale = 1.0
     lik = gpytorch.likelihoods.GaussianLikelihood()
     lik.noise = 0.1
@@ -119,21 +109,8 @@ def run_pyro(X, y, Xt, yt, Z, idx, every, lr):
     return train(step, evaluate, idx, every)
 
 
-def train(step, evaluate, idx, every):
-    """Train over the given minibatches; the clock runs only during training steps."""
-    clock, trace = 0.0, []
-    for s, i in enumerate(idx, 1):
-        t = time.perf_counter()
-        step(i)
-        clock += time.perf_counter() - t
-        if s % every == 0 or s == len(idx):
-            rmse, ll = evaluate()
-            trace.append((s, clock, rmse, ll))
-    return trace
-
-
 def time_to_reach(trace, target):
-    for s, clock, _, ll in trace:
+    for s, clock, (_, ll) in trace:
         if ll >= target:
             return clock, s
     return float("nan"), -1
@@ -168,11 +145,11 @@ def main():
         else:
             traces[name] = run_pyro(X, y, Xt, yt, Z, idx, every, lr)
         print(f"# {name}: done in {traces[name][-1][1]:.1f} s of training", flush=True)
-    target = traces["gpytorch"][-1][3]
+    target = traces["gpytorch"][-1][2][1]
     t_peer, _ = time_to_reach(traces["gpytorch"], target)
     rows = []
     for name, tr in traces.items():
-        s, clock, rmse, ll = tr[-1]
+        s, clock, (rmse, ll) = tr[-1]
         t_reach, s_reach = time_to_reach(tr, target)
         rows.append({"model": name, "M": args.M, "batch": B, "steps": steps, "rmse": rmse, "test_ll": ll,
                      "train_s": clock, "reach_s": t_reach, "reach_step": s_reach,
@@ -190,7 +167,7 @@ def main():
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for name, tr in traces.items():
-            ax.plot([t[1] for t in tr], [t[3] for t in tr], label=name)
+            ax.plot([t[1] for t in tr], [t[2][1] for t in tr], label=name)
         ax.axhline(target, color="k", lw=0.5, ls="--")
         ax.set(xlabel="training time (s)", ylabel="test log-likelihood (standardised)", title="UCI power plant")
         ax.legend()

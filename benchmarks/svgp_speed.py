@@ -17,7 +17,7 @@ import gpytorch
 import pyro
 import pyro.contrib.gp as pgp
 import torch
-from _common import parser, setup, table, time_alternating, write_json
+from _common import gpytorch_svgp, parser, setup, table, time_alternating, write_json
 from pyro.contrib.gp.kernels import RBF
 from pyro.infer import TraceMeanField_ELBO
 
@@ -44,19 +44,8 @@ def ours(X, y, M, mode):
     return step
 
 
-class _GPyTorchSVGP(gpytorch.models.ApproximateGP):
-    def __init__(self, Z, strategy):
-        q = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
-        super().__init__(strategy(self, Z, q, learn_inducing_locations=True))
-        self.mean_module = gpytorch.means.ZeroMean()
-        self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=Z.shape[-1]))
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 def gpytorch_step(X, y, M, strategy):
-    model = _GPyTorchSVGP(torch.randn(M, D), strategy)
+    model = gpytorch_svgp(torch.randn(M, D), strategy)
     lik = gpytorch.likelihoods.GaussianLikelihood()
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=N)
     opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=0.01)

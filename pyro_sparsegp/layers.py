@@ -178,7 +178,8 @@ class SVGP(PyroModule):
 
         The guide builds it and keeps it; the model, which Pyro replays with the guide's ``u``, takes the same
         object, so the two sites cost one evaluation."""
-        key = ("cond", _xkey(X), id(u), u._version, self._param_key())
+        us = u if isinstance(u, tuple) else (u,)  # SOLVE-GP passes (u, v)
+        key = ("cond", _xkey(X), tuple((id(t), t._version) for t in us), self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
         loc, var = self._moments(X, u, consume)

@@ -27,7 +27,6 @@ from pyro.nn import PyroParam, pyro_method
 from torch.distributions import constraints
 
 from . import conditionals as cond
-from .distributions.kl import ConditionalNormal
 from .kernels import kernel_diag, kernel_matrix
 from .layers import SVGP, _check_finite, _xkey
 from .linalg import cholesky, solve_lower
@@ -184,16 +183,3 @@ class SOLVEGP(SVGP):
                 return (pyro.sample(f"{self.name}.u", self.prior()), pyro.sample(f"{self.name}.v", self.prior_v()))
             Luu, Lc, _ = self._joint_chol(consume=True)
             return (pyro.sample(f"{self.name}.u", self.prior(Luu)), pyro.sample(f"{self.name}.v", self.prior_v(Lc)))
-
-    @pyro_method
-    def conditional(self, X, uv, consume=False):
-        """``p(f | u, v⊥)`` at ``X``: a Normal with batch shape ``[..., B]`` or ``[..., L, B]``."""
-        u, v = uv
-        key = ("cond", _xkey(X), id(u), id(v), u._version, v._version, self._param_key())
-        if consume and key in self._cache:
-            return self._cache.pop(key)
-        loc, var = self._moments(X, uv, consume)
-        fn = ConditionalNormal(loc, var.sqrt())
-        if not consume:
-            self._cache[key] = fn
-        return fn

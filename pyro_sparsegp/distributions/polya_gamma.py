@@ -71,6 +71,14 @@ def _a_n(n, x):
     return torch.where(x <= _T, left, right)
 
 
+def _settle(out, pending, idx, x, accepted):
+    """Write the accepted proposals ``x`` of the pending draws ``idx`` into ``out``; return the new pending mask."""
+    out[idx] = torch.where(accepted, x, out[idx])
+    pending = pending.clone()
+    pending[idx] = ~accepted
+    return pending
+
+
 def _truncated_ig(z, shape_like):
     """Inverse-Gaussian(mu = 1/z, lambda = 1) truncated to (0, t), vectorised (PSW 2013, algorithms 2-3)."""
     out = torch.empty_like(shape_like)
@@ -90,13 +98,7 @@ def _truncated_ig(z, shape_like):
         x2 = mm + 0.5 * mm.pow(2) * y - 0.5 * mm * (4 * mm * y + (mm * y).pow(2)).sqrt()
         x2 = torch.where(torch.rand_like(zz) > mm / (mm + x2), mm.pow(2) / x2, x2)
         ok2 = x2 < _T
-        x = torch.where(bm, x1, x2)
-        ok = torch.where(bm, ok1, ok2)
-        vals = out[idx]
-        out[idx] = torch.where(ok, x, vals)
-        new_pending = pending.clone()
-        new_pending[idx] = ~ok
-        pending = new_pending
+        pending = _settle(out, pending, idx, torch.where(bm, x1, x2), torch.where(bm, ok1, ok2))
     return out
 
 
@@ -138,11 +140,7 @@ def _sample_j1(z, max_terms: int = 64):
             decided |= now
             if bool(decided.all()):
                 break
-        vals = out[idx]
-        out[idx] = torch.where(accept, x, vals)
-        new_pending = pending.clone()
-        new_pending[idx] = ~accept
-        pending = new_pending
+        pending = _settle(out, pending, idx, x, accept)
     return out
 
 
