@@ -84,3 +84,6 @@ def test_fit_validates_arguments():
         fit(_gp(), X, y[:-1], num_steps=1, progress=False)
     with pytest.raises(ValueError, match="num_data"):
         fit(_gp(), loader=DataLoader(TensorDataset(X, y)), num_steps=1, progress=False)
+    solve = ps.SOLVEGP(RBF(1), torch.randn(3, 1), torch.randn(3, 1), ps.Gaussian())
+    with pytest.raises(ValueError, match="SVGP's q\\(u\\) only"):
+        fit(solve, X, y, num_steps=1, natgrad_lr=0.1, progress=False)

@@ -185,6 +185,8 @@ def fit(
     qu_ids = _qu_params(module) if natgrad_lr else set()
     if natgrad_lr and not qu_ids:
         raise ValueError("natgrad_lr needs a module with a q_u variational family")
+    if natgrad_lr and hasattr(module, "q_v"):
+        raise ValueError("natural-gradient steps are implemented for SVGP's q(u) only; train SOLVE-GP with Adam")
     params = [p for p in module.parameters() if id(p) not in qu_ids]
     optimizer = torch.optim.Adam(params, lr=lr)
 
