@@ -6,6 +6,8 @@ import json
 import os
 import statistics
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -14,7 +16,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a reduced run that finishes in under two minutes")
     p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list of flat objects")
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=machine_cores(), help="torch threads (default: all cores)")
     return p
 
 
@@ -118,3 +120,109 @@ def gpytorch_svgp(Z, strategy=None, mean_inducing=None):
             return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
     return Model()
+
+
+# -- machine, timing statistics ----------------------------------------------------------------------------------
+def machine_cores() -> int:
+    """CPU cores this process may run on (affinity mask; ``os.cpu_count()`` where that is unavailable)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def machine_note(threads: int) -> str:
+    """One comment line saying how many threads run on how many cores, and how busy the machine was."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = float("nan")
+    note = f"# {threads} torch threads on {machine_cores()} cores; 1-min load average {load:.1f} at start"
+    if load > machine_cores():
+        note += " (the machine is busy: timings are noisy; compare ratios, and read the *_min_ms columns too)"
+    return note
+
+
+def time_alternating_stats(fns: dict, repeats: int, warmup: int = 2) -> dict:
+    """Like :func:`time_alternating`, but returns ``{name: {"median", "min", "q1", "q3"}}`` in ms (quartiles
+    show how noisy the machine was)."""
+    for _ in range(warmup):
+        for f in fns.values():
+            f()
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(1000 * (time.perf_counter() - t))
+    out = {}
+    for k, v in times.items():
+        q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
+        out[k] = {"median": statistics.median(v), "min": min(v), "q1": q[0], "q3": q[2]}
+    return out
+
+
+# -- real regression data (read from ../shared/data, independent of the package's own loaders) ------------------
+SHARED_DATA = Path(os.environ.get("PSGP_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+@dataclass
+class RegressionSplit:
+    """A train/test split in raw units plus a description of where it came from."""
+
+    name: str
+    X_train: torch.Tensor
+    y_train: torch.Tensor
+    X_test: torch.Tensor
+    y_test: torch.Tensor
+    source: str
+
+    def standardized(self):
+        """``(X, y, Xt, yt, y_mean, y_std)``: X and y shifted and scaled by the training mean and standard
+        deviation (per column; constant columns keep scale 1)."""
+        xm, xs = self.X_train.mean(0), self.X_train.std(0)
+        xs = torch.where(xs > 0, xs, torch.ones_like(xs))
+        ym, ys = self.y_train.mean(), self.y_train.std()
+        return ((self.X_train - xm) / xs, (self.y_train - ym) / ys, (self.X_test - xm) / xs,
+                (self.y_test - ym) / ys, ym.item(), ys.item())
+
+
+def load_regression(name: str, split: int = 0, dtype=None) -> RegressionSplit:
+    """A real regression set from ``SHARED_DATA`` in raw units.
+
+    * ``<name>/gal_splits/`` (Hernández-Lobato & Adams 2015 / Gal & Ghahramani 2016 90/10 splits: powerplant,
+      kin8nm, naval, ...): ``data.txt`` whitespace-separated, columns from ``index_features.txt`` /
+      ``index_target.txt``, rows from ``index_train_<split>.txt`` / ``index_test_<split>.txt``.
+    * ``<name>/data.csv.gz`` (the uci_datasets copies: kin40k, elevators, ...): inputs then the target in the last
+      column; ``test_mask.csv.gz`` column ``split`` marks the test rows.
+    """
+    import gzip
+
+    import numpy as np
+
+    dtype = dtype or torch.get_default_dtype()
+    root = SHARED_DATA / name
+    gal = root / "gal_splits"
+    if gal.is_dir():
+        data = np.loadtxt(gal / "data.txt")
+        feats = np.atleast_1d(np.loadtxt(gal / "index_features.txt", dtype=int))
+        target = int(np.loadtxt(gal / "index_target.txt", dtype=int))
+        train = np.loadtxt(gal / f"index_train_{split}.txt", dtype=int)
+        test = np.loadtxt(gal / f"index_test_{split}.txt", dtype=int)
+        X, y = data[:, feats], data[:, target]
+        source = f"{gal}, split {split} (Hernandez-Lobato & Adams / Gal & Ghahramani 90/10 splits)"
+    elif (root / "data.csv.gz").exists():
+        with gzip.open(root / "data.csv.gz", "rt") as fh:
+            data = np.loadtxt(fh, delimiter=",")
+        with gzip.open(root / "test_mask.csv.gz", "rt") as fh:
+            mask = np.loadtxt(fh, delimiter=",")[:, split].astype(bool)
+        X, y = data[:, :-1], data[:, -1]
+        train, test = np.flatnonzero(~mask), np.flatnonzero(mask)
+        source = f"{root}/data.csv.gz, test_mask column {split} (uci_datasets splits)"
+    else:
+        raise SystemExit(f"no regression data for {name!r} under {SHARED_DATA} (set PSGP_SHARED_DATA)")
+
+    def t(a):
+        return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype)
+
+    return RegressionSplit(name, t(X[train]), t(y[train]), t(X[test]), t(y[test]), source)

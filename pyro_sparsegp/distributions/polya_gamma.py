@@ -140,15 +140,24 @@ def _log_pg0_left(x, b, num_terms: int = 200):
         not yet decrease at ``N``, or when the computed sum is not positive).
     """
     x_max = x.max().item() if x.numel() else 1.0
-    # terms with (2n + b)^2 / (8x) > 800 + (polynomial growth) cannot reach the sum; the post-check below verifies
-    n_eff = int(math.ceil(0.5 * math.sqrt(8 * x_max * (800 + 2 * math.log(num_terms + 2) * (b.max().item() + 1))))) + 2
+    # Terms with (2n + b)^2 / (8x) above 150 + (their polynomial growth) are below e^-150 times the first one and
+    # are skipped: they could only matter where the sum cancels by > 60 digits, which the error estimate reports.
+    b_max = b.max().item() if b.numel() else 1.0
+    n_eff = int(math.ceil(0.5 * math.sqrt(8 * x_max * (150 + 2 * math.log(num_terms + 2) * (b_max + 1))))) + 2
     n_eff = max(2, min(num_terms, n_eff))
     n = torch.arange(n_eff + 1, dtype=x.dtype, device=x.device)  # the last one is the first omitted term
     xs, bs = x.unsqueeze(-1), b.unsqueeze(-1)
     k = 2 * n + bs
-    log_x = x.log().unsqueeze(-1)
-    const = (bs - 1) * math.log(2) - torch.lgamma(bs) - 0.5 * math.log(2 * math.pi) - 1.5 * log_x
-    log_t = const + torch.lgamma(n + bs) - torch.lgamma(n + 1) + k.log() - k * k / (8 * xs)
+    # the b-dependent parts, once per distinct b: (b-1) log 2 - lgamma(b) + lgamma(n + b) - lgamma(n + 1) + log(2n+b)
+    with torch.no_grad():
+        b_unique, inverse = torch.unique(b, return_inverse=True)
+    if b.requires_grad or len(b_unique) * 2 > len(b):
+        coef = (bs - 1) * math.log(2) - torch.lgamma(bs) + torch.lgamma(n + bs) - torch.lgamma(n + 1) + k.log()
+    else:
+        bu = b_unique.unsqueeze(-1)
+        coef = ((bu - 1) * math.log(2) - torch.lgamma(bu) + torch.lgamma(n + bu) - torch.lgamma(n + 1)
+                + (2 * n + bu).log())[inverse]
+    log_t = coef - 0.5 * math.log(2 * math.pi) - 1.5 * x.log().unsqueeze(-1) - k * k / (8 * xs)
     sign = 1 - 2 * torch.remainder(n, 2)
     log_s, sgn, _, log_a = _signed_logsumexp(log_t[..., :-1], sign[:-1])
     # truncation: rho_N <= 1 makes every omitted term decrease, so the error is at most T_N
@@ -240,9 +249,8 @@ def _log_pg0(x, b, num_terms: int = 200, chunk: int = 1 << 21):
     x, b = x.reshape(-1), b.reshape(-1)
     if x.numel() > max(1, chunk // num_terms):  # bound the [M, terms] temporaries
         step = max(1, chunk // num_terms)
-        return torch.cat([_log_pg0(x[i : i + step], b[i : i + step], num_terms) for i in range(0, len(x), step)]).reshape(
-            shape
-        )
+        parts = [_log_pg0(x[i : i + step], b[i : i + step], num_terms) for i in range(0, len(x), step)]
+        return torch.cat(parts).reshape(shape)
     with torch.no_grad():
         x_safe = x.clamp(min=torch.finfo(x.dtype).tiny)
     x = torch.where(x > 0, x, x_safe)  # keeps the graph; log_prob is only defined on x > 0
@@ -273,44 +281,55 @@ def _series_ratio(n: int, x):
     return (2 * n + 1) * torch.where(x <= _TRUNC, left, right)
 
 
-def _sample_truncated_ig(z):
-    r"""Draws of :math:`\mathrm{IG}(\mu = 1/z, \lambda = 1)` truncated to ``(0, t)``, one per entry of ``z >= 0``
-    (PSW 2013, section 4.1). For :math:`\mu > t`: a :math:`1/\chi^2_1` draw restricted to ``(0, t)`` (the normal tail
-    beyond :math:`1/\sqrt t` by Devroye's exponential rejection), kept with probability :math:`e^{-z^2 x/2}`; for
-    :math:`\mu \le t`: an inverse-Gaussian draw (Michael, Schucany and Haas 1976), kept if below ``t``."""
+def _rejection_loop(propose, z):
+    """One accepted draw per entry of ``z``: ``propose(z_pending) -> (x, accepted)`` runs for all pending entries at
+    once, and only the rejected ones propose again."""
     out = torch.empty_like(z)
     pending = torch.arange(z.numel(), device=z.device)
     for _ in range(_MAX_ROUNDS):
         if pending.numel() == 0:
             return out
-        zz = z[pending]
-        far = zz < 1 / _TRUNC  # mu > t
-        # branch mu > t
-        e1 = torch.empty_like(zz).exponential_()
-        e2 = torch.empty_like(zz).exponential_()
-        x_far = _TRUNC / (1 + _TRUNC * e1).pow(2)
-        ok_far = (e1 * e1 * _TRUNC <= 2 * e2) & (torch.rand_like(zz) <= torch.exp(-0.5 * zz * zz * x_far))
-        # branch mu <= t; x = mu / (1 + w + sqrt(w (w + 2))), w = mu y / 2, is the stable form of the MSH root
-        mu = 1 / torch.where(far, torch.ones_like(zz), zz)
-        w = 0.5 * mu * torch.randn_like(zz).pow(2)
-        x_near = mu / (1 + w + torch.sqrt(w * (w + 2)))
-        x_near = torch.where(torch.rand_like(zz) * (mu + x_near) > mu, mu * mu / x_near, x_near)
-        ok_near = x_near < _TRUNC
-        x = torch.where(far, x_far, x_near)
-        ok = torch.where(far, ok_far, ok_near)
+        x, ok = propose(z[pending])
         out[pending[ok]] = x[ok]
         pending = pending[~ok]
-    raise RuntimeError("truncated inverse-Gaussian sampler did not finish")  # pragma: no cover
+    raise RuntimeError("Polya-Gamma rejection sampler did not finish")  # pragma: no cover
 
 
-def _sample_jstar1(z):
-    r"""Exact draws of :math:`J^*(1, z)` for a flat tensor ``z >= 0`` (PSW 2013, algorithm 1).
+def _propose_tilted_levy(z):
+    """mu = 1/z > t: a 1/chi^2_1 draw restricted to (0, t) -- the normal tail beyond 1/sqrt(t) by Devroye's
+    exponential rejection, X = t / (1 + t E)^2 kept if t E^2 <= 2 E' -- kept with probability exp(-z^2 X / 2)."""
+    e1 = torch.empty_like(z).exponential_()
+    e2 = torch.empty_like(z).exponential_()
+    x = _TRUNC / (1 + _TRUNC * e1).pow(2)
+    ok = (e1 * e1 * _TRUNC <= 2 * e2) & (torch.rand_like(z) <= torch.exp(-0.5 * z * z * x))
+    return x, ok
 
-    Proposal: with probability :math:`p/(p+q)` the exponential tail :math:`t + \mathrm{Exp}(K)`,
-    :math:`K = \pi^2/8 + z^2/2`, :math:`p = \tfrac{\pi}{2K}e^{-Kt}`; otherwise the truncated inverse Gaussian,
-    :math:`q = 2e^{-z}\,\Pr[\mathrm{IG}(1/z, 1) < t]`. Acceptance: :math:`U a_0(x) \le \sum_n (-1)^n a_n(x)`,
-    decided by the alternating partial sums (exact since the :math:`a_n(x)` decrease in ``n`` on both sides of ``t``).
-    """
+
+def _propose_ig_below_t(z):
+    """mu = 1/z <= t: an IG(mu, 1) draw (Michael, Schucany and Haas 1976) kept if below t. The root
+    mu + mu^2 y/2 - mu/2 sqrt(4 mu y + mu^2 y^2) is computed as mu / (1 + w + sqrt(w (w + 2))), w = mu y / 2."""
+    mu = 1 / z
+    w = 0.5 * mu * torch.randn_like(z).pow(2)
+    x = mu / (1 + w + torch.sqrt(w * (w + 2)))
+    x = torch.where(torch.rand_like(z) * (mu + x) > mu, mu * mu / x, x)
+    return x, x < _TRUNC
+
+
+def _sample_truncated_ig(z):
+    r"""Draws of :math:`\mathrm{IG}(\mu = 1/z, \lambda = 1)` truncated to ``(0, t)``, one per entry of ``z >= 0``
+    (PSW 2013, section 4.1): :func:`_propose_tilted_levy` for :math:`\mu > t`, :func:`_propose_ig_below_t` otherwise;
+    both accept more than 40% of the proposals."""
+    out = torch.empty_like(z)
+    far = z < 1 / _TRUNC
+    for mask, propose in ((far, _propose_tilted_levy), (~far, _propose_ig_below_t)):
+        idx = mask.nonzero().squeeze(-1)
+        if idx.numel():
+            out[idx] = _rejection_loop(propose, z[idx])
+    return out
+
+
+def _proposal_constants(z):
+    r"""``(K, prob_tail)`` of the J*(1, z) proposal (see :func:`_sample_jstar1`), elementwise in ``z >= 0``."""
     K = math.pi**2 / 8 + 0.5 * z * z
     log_p = math.log(math.pi / 2) - K.log() - K * _TRUNC
     rt = math.sqrt(_TRUNC)
@@ -318,7 +337,20 @@ def _sample_jstar1(z):
         torch.special.log_ndtr((_TRUNC * z - 1) / rt), 2 * z + torch.special.log_ndtr(-(_TRUNC * z + 1) / rt)
     )
     log_q = math.log(2) - z + log_ig_cdf
-    prob_tail = torch.sigmoid(log_p - log_q)
+    return K, torch.sigmoid(log_p - log_q)
+
+
+def _sample_jstar1(z, K=None, prob_tail=None):
+    r"""Exact draws of :math:`J^*(1, z)` for a flat tensor ``z >= 0`` (PSW 2013, algorithm 1); ``K, prob_tail``:
+    :func:`_proposal_constants` of ``z`` when already known.
+
+    Proposal: with probability :math:`p/(p+q)` the exponential tail :math:`t + \mathrm{Exp}(K)`,
+    :math:`K = \pi^2/8 + z^2/2`, :math:`p = \tfrac{\pi}{2K}e^{-Kt}`; otherwise the truncated inverse Gaussian,
+    :math:`q = 2e^{-z}\,\Pr[\mathrm{IG}(1/z, 1) < t]`. Acceptance: :math:`U a_0(x) \le \sum_n (-1)^n a_n(x)`,
+    decided by the alternating partial sums (exact since the :math:`a_n(x)` decrease in ``n`` on both sides of ``t``).
+    """
+    if K is None or prob_tail is None:
+        K, prob_tail = _proposal_constants(z)
     out = torch.empty_like(z)
     pending = torch.arange(z.numel(), device=z.device)
     for _ in range(_MAX_ROUNDS):
@@ -427,15 +459,19 @@ class PolyaGamma(TorchDistribution):
                 raise ValueError(
                     "PolyaGamma.sample needs integer b: PG(b, c) is drawn exactly as a sum of b PG(1, c) draws"
                 )
-            z = (0.5 * self.c.detach().abs()).expand(shape).reshape(-1)
+            z = 0.5 * self.c.detach().abs()
+            consts = _proposal_constants(z)  # once per batch element, not per draw
+            z, K, prob_tail = (t.expand(shape).reshape(-1) for t in (z, *consts))
             counts = b.to(torch.long)
             if counts.numel() == 0:
                 return torch.empty(shape, dtype=z.dtype, device=z.device)
             n_max = int(counts.max().item())
             if bool((counts == n_max).all()):  # one b: draws laid out [b, n], summed in a fixed order
-                draws = _sample_jstar1(z.repeat(n_max)).reshape(n_max, -1).sum(0)
+                draws = _sample_jstar1(z.repeat(n_max), K.repeat(n_max), prob_tail.repeat(n_max))
+                draws = draws.reshape(n_max, -1).sum(0)
             else:
-                draws = _sample_jstar1(z.repeat_interleave(counts))
+                rep = (t.repeat_interleave(counts) for t in (z, K, prob_tail))
+                draws = _sample_jstar1(*rep)
                 segment = torch.arange(len(z), device=z.device).repeat_interleave(counts)
                 draws = torch.zeros_like(z).index_add_(0, segment, draws)
             return (0.25 * draws).reshape(shape)
