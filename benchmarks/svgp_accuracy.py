@@ -41,8 +41,17 @@ import gpytorch
 import pyro
 import pyro.contrib.gp as pgp
 import torch
-from _common import (batches, gpytorch_svgp, load_regression, machine_note, parser, setup, table,
-                     time_alternating, write_json)
+from _common import (
+    batches,
+    gpytorch_svgp,
+    load_regression,
+    machine_note,
+    parser,
+    setup,
+    table,
+    time_alternating,
+    write_json,
+)
 from _common import train_trace as train
 from pyro.contrib.gp.kernels import RBF
 from pyro.infer import TraceMeanField_ELBO
@@ -230,7 +239,7 @@ def main():
 
     names = ["ours_f", "ours_int", "ours_an", "ours_fit", "ours_nat", "gpytorch", "pyro_vsgp"]
     if args.quick:
-        names = ["ours_f", "ours_int", "ours_nat", "gpytorch", "pyro_vsgp"]
+        names = ["ours_f", "ours_int", "ours_an", "ours_nat", "gpytorch", "pyro_vsgp"]
     if args.models:
         names = [n for n in args.models.split(",") if n]
     if "gpytorch" not in names:

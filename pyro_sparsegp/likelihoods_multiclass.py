@@ -96,9 +96,10 @@ class _MultiClass(Likelihood):
 
 class RobustMax(_MultiClass):
     r"""Robust-max likelihood (Hernández-Lobato, Hernández-Lobato and Dupont 2011, "Robust multi-class Gaussian
-    process classification"; used for variational inference by Hensman, Matthews and Ghahramani 2015 and in
-    Villacampa-Calvo and Hernández-Lobato 2017, "Scalable multi-class Gaussian process classification using
-    expectation propagation", eq. 13):
+    process classification"; used with sparse variational GPs by Hensman, Matthews, Filippone and Ghahramani 2015,
+    "MCMC for variationally sparse Gaussian processes", and as the VI baseline of Villacampa-Calvo and
+    Hernández-Lobato 2017, "Scalable multi-class Gaussian process classification using expectation propagation",
+    eq. 13):
 
     .. math:: p(y = k \mid f) = \begin{cases} 1 - \epsilon & k = \arg\max_j f_j \\
               \epsilon / (K - 1) & \text{otherwise,} \end{cases}
@@ -127,7 +128,8 @@ class RobustMax(_MultiClass):
 
     :param int num_classes: ``K`` (at least 2).
     :param float epsilon: labelling-error probability in ``(0, 1)``, a fixed float (not learnt); default ``1e-3``
-        (the value suggested by Hensman et al. 2015).
+        (Villacampa-Calvo and Hernández-Lobato fix it at the value Hensman et al. 2015 suggest; the number is lost
+        from our copy of their text, and ``1e-3`` is the usual choice).
     :param int num_gh: Gauss-Hermite nodes of :math:`P_k`.
     """
 
@@ -199,7 +201,7 @@ class RobustMax(_MultiClass):
         ``[..., B]``, where :math:`\bar P_k = P_k / \sum_j P_j` (:meth:`prob_max` renormalised: this removes only
         the quadrature error, and makes the :math:`p_k` sum to one exactly)."""
         P = self.prob_max(f_loc, f_var)
-        P = (P / P.sum(-2, keepdim=True)).movedim(-2, -1)  # [..., B, K]
+        P = (P / P.sum(-2, keepdim=True).clamp(min=torch.finfo(P.dtype).tiny)).movedim(-2, -1)  # [..., B, K]
         wrong = self.epsilon / (self.num_classes - 1)
         return dist.Categorical(probs=(1.0 - self.epsilon - wrong) * P + wrong)
 

@@ -27,12 +27,16 @@ independent :math:`\mathrm{PG}(1, c)` draws.
       \frac{2n+b}{\sqrt{2\pi x^3}} e^{-(2n+b)^2/(8x)} =: \sum_{n \ge 0} (-1)^n T_n(x);
 
   the ratio :math:`\rho_n = T_{n+1}/T_n = \frac{(n+b)(2n+b+2)}{(n+1)(2n+b)} e^{-(2n+b+1)/(2x)}` is
-  nonincreasing in ``n`` for every ``b > 0``, so as soon as :math:`\rho_N \le 1` (which holds e.g. for
-  ``N = 200`` whenever :math:`x \le 4\cdot10^4` when :math:`b \le 5`) the terms decrease from ``N`` on and
+  nonincreasing in ``n`` for every ``b > 0``, so as soon as :math:`\rho_N \le 1`, i.e.
+  :math:`x \le (2N+b+1) / \big(2\log\frac{(N+b)(2N+b+2)}{(N+1)(2N+b)}\big)` (for ``N = 200``:
+  :math:`x \le 4.0\cdot10^4` at ``b = 1``, :math:`8.2\cdot10^3` at ``b = 5``), the terms decrease from ``N`` on and
   **stopping after the terms** :math:`n < N` **errs by at most the first omitted term** :math:`T_N(x)` (alternating
-  series with decreasing terms). It converges fast for small ``x`` (there the ``n = 0`` term dominates) but for
-  large ``x`` the alternating sum cancels: its rounding error is about :math:`\epsilon \sum_n T_n / p`, e.g.
-  ``1e-9`` relative at ``x = 4.25`` for ``b = 1`` and hopeless beyond ``x ~ 8``.
+  series with decreasing terms), which is below :math:`e^{-(2N+b)^2/(8x)}` times a polynomial in ``N`` -- e.g.
+  :math:`e^{-2000}` relative for ``N = 200``, ``x <= 10``. The code checks :math:`\rho_N \le 1` for the ``N`` it
+  uses and adds :math:`T_N` to its error estimate. The series converges fast for small ``x`` (the ``n = 0`` term
+  dominates; it is the density to a relative :math:`(b+2)e^{-(b+1)/(2x)}`) but for large ``x`` the alternating sum
+  cancels: its rounding error is about :math:`\epsilon \sum_n T_n / p`, e.g. ``1e-8`` relative at ``x = 4.25`` for
+  ``b = 1``, and it is useless beyond ``x ~ 8``.
 
 * the *right* series, for integer ``b``: the residues of :math:`e^{sx}\cosh^{-b}(\sqrt{s/2})` at its poles
   :math:`s_k = -2\beta_k^2`, :math:`\beta_k = \pi(k + 1/2)`, give
@@ -45,13 +49,17 @@ independent :math:`\mathrm{PG}(1, c)` draws.
   which bounds the truncation error (times 2 once consecutive bounds shrink by half). It is well conditioned for
   large ``x`` and cancels for small ``x``.
 
-For every ``x`` (and ``b``) both available series are summed with at most ``num_terms`` terms (terms that cannot
-reach the float64 sum are skipped) and the one with the smaller error estimate, rounding
-(:math:`\epsilon \sum|\text{terms}| / |\text{sum}|`) plus the truncation bound above, is returned. Measured
-against 60-digit mpmath: relative error below ``1e-13`` for integer ``b <= 10`` at every ``x``, about ``1e-12`` for
-``b = 20`` and ``1e-8`` for ``b = 50`` near the mode, where both series cancel. For non-integer ``b`` only the left
-series exists: it is exact to ~``1e-13`` relative up to about the 99.99% quantile of :math:`\mathrm{PG}(b, 0)` for
-``b <= 5``, and degrades in the far right tail (where the density is below ~``1e-8`` of its maximum).
+The left series is summed for every ``x`` with at most ``num_terms`` terms (terms that cannot reach the float64 sum
+are skipped); where it cancels and ``b`` is an integer (``b <= 256``) the right series is summed too, and the one
+with the smaller error estimate -- rounding, :math:`\epsilon \sum_t |t|(1 + |\log|t||) / |\text{sum}|`, plus the
+truncation bound above -- is returned. Measured against 100-digit mpmath for ``x`` from ``0.002`` to
+``mean + 14 sd``: relative error of the density below ``1e-14`` for ``b <= 3``, ``4e-14`` for ``b = 5``, ``3e-13`` for
+``b = 10``, ``1.3e-12`` for ``b = 20`` (the largest where the density is astronomically small: an error of
+``eps |log p|``), but ``5e-8`` for ``b = 50`` near the mode, where both series cancel (large ``b`` would need a
+saddle-point method, not implemented). For non-integer ``b`` only the left series exists: for ``b <= 5.5`` the
+relative error is below ``1e-12`` up to the mean + 3 sd and below ``1e-9`` up to the mean + 7 sd, and grows like
+:math:`\epsilon e^{\pi^2 x/2}` beyond, in the far right tail (e.g. ``b = 3.7``: ``1e-6`` at the mean + 12 sd,
+useless by the mean + 16 sd, where the density is ~``1e-13``).
 """
 
 from __future__ import annotations
@@ -70,6 +78,7 @@ _TRUNC = 0.64  # Devroye's / PSW's truncation point t on the J* scale
 _LOG_EPS64 = math.log(torch.finfo(torch.float64).eps)
 _MAX_ROUNDS = 10_000  # rejection rounds; each accepts > 40% of the pending draws, so never reached in practice
 _MAX_SERIES_STEPS = 100  # alternating-series steps in the acceptance test (1-3 are used in practice)
+_MAX_RIGHT_B = 256  # the right series costs O(b^2) and no longer helps at large b (both series cancel there)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -129,7 +138,9 @@ def _signed_logsumexp(log_abs, sign, dim=-1):
         aw = torch.where(w > 0, w * (1 + log_abs.abs()), torch.zeros_like(w)).sum(dim)
         md = m.detach().squeeze(dim)
     m = m.squeeze(dim)
-    return m + s.abs().log(), torch.sign(s), md + a.log(), md + aw.log()
+    nonzero = s != 0  # an exactly cancelling sum: log 0 = -inf, with a finite (zero) gradient
+    log_s = torch.where(nonzero, m + torch.where(nonzero, s, torch.ones_like(s)).abs().log(), -math.inf)
+    return log_s, torch.sign(s), md + a.log(), md + aw.log()
 
 
 def _log_pg0_left(x, b, num_terms: int = 200):
@@ -256,15 +267,16 @@ def _log_pg0(x, b, num_terms: int = 200, chunk: int = 1 << 21):
     x = torch.where(x > 0, x, x_safe)  # keeps the graph; log_prob is only defined on x > 0
     log_p, log_err = _log_pg0_left(x, b, num_terms)
     with torch.no_grad():
-        integer = (b == b.round()) & (b <= 4096)
-        need = integer & (log_err > math.log(1e-14))
+        integer = (b == b.round()) & (b <= _MAX_RIGHT_B)
+        # the right series can only help where the left one cancels (error > 2x its no-cancellation level)
+        level = torch.where(torch.isfinite(log_p), log_p.detach().abs(), torch.zeros_like(log_p))
+        need = integer & (log_err > _LOG_EPS64 + math.log(2) + torch.log1p(level + 10))
         b_values = torch.unique(b[need]).tolist() if bool(need.any()) else []
     for bv in b_values:
         idx = (need & (b == bv)).nonzero().squeeze(-1)
         log_p_r, log_err_r = _log_pg0_right(x[idx], int(bv), num_terms)
         better = log_err_r < log_err[idx]
-        # double ``where``: the rejected branch never sees a non-finite value in the backward pass
-        chosen = torch.where(better, torch.where(better, log_p_r, 0.0), log_p[idx])
+        chosen = torch.where(better, log_p_r, log_p[idx])
         log_p = log_p.index_put((idx,), chosen)
     return log_p.reshape(shape)
 
@@ -492,7 +504,8 @@ class PolyaGamma(TorchDistribution):
         the module docstring (float64 internally, returned in the promoted dtype of ``value`` and the parameters)."""
         if self._validate_args:
             self._validate_sample(value)
-        value = torch.as_tensor(value, dtype=self.c.dtype, device=self.c.device)
+        if not torch.is_tensor(value):
+            value = torch.as_tensor(value, dtype=self.c.dtype, device=self.c.device)
         dtype = torch.promote_types(value.dtype, self.c.dtype)
         x, b, c = torch.broadcast_tensors(value, self.b, self.c)
         x64, b64, c64 = x.to(torch.float64), b.to(torch.float64), c.to(torch.float64)
