@@ -96,7 +96,8 @@ def qf_marginals(
     u_scale_tril: torch.Tensor,
     Luu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Marginals of :math:`q(f_n) = N(\mu_n, \sigma^2_n)` for :math:`q(u) = N(m, S)`, ``S = u_scale_tril u_scale_tril^T``.
+    r"""Marginals of :math:`q(f_n) = N(\mu_n, \sigma^2_n)` for :math:`q(u) = N(m, S)`,
+    ``S = u_scale_tril u_scale_tril^T``.
 
     Hensman, Matthews, Ghahramani (2015), eq. 8 (and Hensman, Fusi, Lawrence 2013, section 3):
 

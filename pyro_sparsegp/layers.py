@@ -28,7 +28,7 @@ from .distributions import MarginalizedLikelihood
 from .distributions.kl import ConditionalNormal
 from .kernels import expected_input_dim, kernel_diag, kernel_matrix
 from .likelihoods import Likelihood
-from .linalg import cholesky
+from .linalg import cholesky, project_chol
 from .variational import GaussianQ
 
 __all__ = ["SVGP"]
@@ -117,14 +117,19 @@ class SVGP(PyroModule):
     def _param_key(self):
         return tuple((p.data_ptr(), p._version) for p in self.parameters()) + (torch.is_grad_enabled(),)
 
-    def _luu(self, consume: bool):
+    def _kuu_chol(self, consume: bool):
+        """``(Kuu, Luu)``, each ``[M, M]`` or ``[L, M, M]``; cached like :meth:`_stats`."""
         key = ("luu", self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
-        Luu = cholesky(kernel_matrix(self.kernel, self.Z), self.jitter)  # [M, M] or [L, M, M]
+        Kuu = kernel_matrix(self.kernel, self.Z)
+        out = (Kuu, cholesky(Kuu, self.jitter))
         if not consume:
-            self._cache = {key: Luu}
-        return Luu
+            self._cache = {key: out}
+        return out
+
+    def _luu(self, consume: bool):
+        return self._kuu_chol(consume)[1]
 
     @pyro_method
     def _stats(self, X: torch.Tensor, consume: bool):
@@ -137,11 +142,11 @@ class SVGP(PyroModule):
         key = ("stats", _xkey(X), self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
-        Luu = self._luu(consume)
+        Kuu, Luu = self._kuu_chol(consume)
         Z = self.Z
         Xk = X if Z.dim() == 2 else X.unsqueeze(-3)  # per-output Z: [..., 1, B, D]
         Kuf = kernel_matrix(self.kernel, Z, Xk)  # [..., (L,) M, B]
-        W = cond.project(Luu, Kuf)
+        (W,) = project_chol(Kuu, Luu, Kuf)  # W = Luu^{-1} Kuf, gradient straight to Kuu
         kdiag = kernel_diag(self.kernel, X)  # [..., B]
         if self.num_outputs is not None:
             kdiag = kdiag.unsqueeze(-2)
@@ -300,14 +305,19 @@ class SVGP(PyroModule):
         ``num_data / B * sum_n E_q[log p(y_n | f_n)] - KL[q || p]``, an unbiased estimate of the full-data bound.
         This is what ``fit(..., elbo="analytic")`` maximises."""
         self._check_data(X, y)
-        loc, var = self.qf(X)
+        loc, var = self.qf(X)  # factorises once and keeps the factors for the KL
+        kl = self.kl_divergence(consume=True)
+        self._cache.clear()
         yt = y.mT if (self.num_outputs is not None and self.likelihood.latent_dim == 1) else y
         scale = (num_data or X.shape[-2]) / X.shape[-2]
-        return scale * self.likelihood.expected_log_prob(yt, loc, var).sum() - self.kl_divergence().sum()
+        return scale * self.likelihood.expected_log_prob(yt, loc, var).sum() - kl.sum()
 
-    def kl_divergence(self) -> torch.Tensor:
-        """KL[q || p] of the inducing variables (registered closed forms), batch shape ``()`` or ``[L, 1]``."""
-        return torch.distributions.kl_divergence(self.posterior(), self.prior())
+    def kl_divergence(self, consume: bool = False) -> torch.Tensor:
+        """KL[q || p] of the inducing variables (registered closed forms), batch shape ``()`` or ``[L, 1]``.
+        ``consume=True`` reuses the Cholesky factor that the last :meth:`qf` computed (one factorisation for the
+        whole closed-form bound)."""
+        prior = self.prior(None if self.whiten else self._luu(consume))
+        return torch.distributions.kl_divergence(self.posterior(), prior)
 
     @pyro_method
     @torch.no_grad()

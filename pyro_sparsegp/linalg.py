@@ -1,5 +1,5 @@
-"""Dense linear algebra shared by every bound: a Cholesky factorisation with documented jitter escalation, and
-Gauss-Hermite quadrature nodes.
+"""Dense linear algebra shared by every bound: a Cholesky factorisation with documented jitter escalation,
+projections ``chol(K)^{-1} R`` with a fused backward pass, and Gauss-Hermite quadrature nodes.
 
 Jitter policy (one place, used everywhere):
 
@@ -27,6 +27,8 @@ __all__ = [
     "gauss_hermite",
     "solve_lower",
     "add_diag",
+    "project_chol",
+    "gram",
 ]
 
 
@@ -41,10 +43,13 @@ def default_jitter(dtype: torch.dtype) -> float:
 
 def add_diag(A: torch.Tensor, value) -> torch.Tensor:
     """Return ``A + value * I`` without modifying ``A`` (``value`` broadcasts against ``A.shape[:-2]``)."""
-    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     if isinstance(value, torch.Tensor):
-        value = value[..., None, None]
-    return A + value * eye
+        value = value.unsqueeze(-1)  # [..., 1] against the diagonal [..., M]
+    if isinstance(value, torch.Tensor) and value.shape[:-1] != A.shape[:-2]:
+        A = A.expand(torch.broadcast_shapes(A.shape[:-2], value.shape[:-1]) + A.shape[-2:])
+    out = A.clone()  # one pass over A (an eye would cost three); autograd sees clone + diagonal add
+    out.diagonal(dim1=-2, dim2=-1).add_(value)
+    return out
 
 
 def cholesky(A: torch.Tensor, jitter: float | None = None, max_tries: int = 6) -> torch.Tensor:
@@ -81,10 +86,98 @@ def cholesky(A: torch.Tensor, jitter: float | None = None, max_tries: int = 6) -
 
 
 def solve_lower(L: torch.Tensor, B: torch.Tensor, transpose: bool = False) -> torch.Tensor:
-    """``L^{-1} B`` (or ``L^{-T} B`` when ``transpose``) for lower-triangular ``L`` ``[..., M, M]``, ``B`` ``[..., M, K]``."""
+    """``L^{-1} B`` (or ``L^{-T} B`` when ``transpose``) for lower-triangular ``L`` ``[..., M, M]`` and
+    ``B`` ``[..., M, K]``."""
     if transpose:
         return torch.linalg.solve_triangular(L.mT, B, upper=True)
     return torch.linalg.solve_triangular(L, B, upper=False)
+
+
+class _ProjectChol(torch.autograd.Function):
+    """``W_i = L^{-1} R_i`` with ``L = chol(K)`` given; the backward pass returns the gradient with respect to ``K``
+    through the Cholesky factor without forming the gradient of ``L`` (see :func:`project_chol`)."""
+
+    @staticmethod
+    def forward(ctx, K, L, *Rs):
+        Ws = tuple(torch.linalg.solve_triangular(L, R, upper=False) for R in Rs)
+        ctx.save_for_backward(L, *Ws)
+        ctx.k_shape = K.shape
+        return Ws
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *gWs):
+        L, *Ws = ctx.saved_tensors
+        gRs, Y = [], None
+        for gW, W in zip(gWs, Ws, strict=True):
+            if gW is None:
+                gRs.append(None)
+                continue
+            gRs.append(torch.linalg.solve_triangular(L.mT, gW, upper=True))  # L^{-T} gW  [..., M, B]
+            y = _sum_to(gW @ W.mT, L.shape)  # [..., M, M]
+            Y = y if Y is None else Y + y
+        gK = None
+        if Y is not None and ctx.needs_input_grad[0]:
+            # chol backward with L^T gL = -gW W^T: gK = L^{-T} Phi(-Y) L^{-1}, Phi = lower triangle, halved diagonal,
+            # symmetrised (the same convention as torch's cholesky backward)
+            T = Y.tril().neg_()
+            T = 0.5 * (T + T.tril(-1).mT)
+            T = torch.linalg.solve_triangular(L.mT, T, upper=True)
+            gK = _sum_to(torch.linalg.solve_triangular(L, T, upper=False, left=False), ctx.k_shape)
+        return (gK, None, *gRs)
+
+
+def _sum_to(t: torch.Tensor, shape) -> torch.Tensor:
+    """Sum the leading dimensions of ``t`` that were broadcast against ``shape`` (autograd's reduction)."""
+    if t.shape == shape:
+        return t
+    lead = t.dim() - len(shape)
+    t = t.sum(tuple(range(lead))) if lead > 0 else t
+    dims = tuple(i for i, (a, b) in enumerate(zip(t.shape, shape, strict=True)) if b == 1 and a != 1)
+    return t.sum(dims, keepdim=True) if dims else t
+
+
+def project_chol(K: torch.Tensor, L: torch.Tensor, *Rs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    r"""``(L^{-1} R_1, L^{-1} R_2, ...)`` where ``L = chol(K)`` (plus a constant jitter) is already computed.
+
+    The value is that of ``solve_lower(L, R_i)``; the difference is the gradient. Autograd would differentiate the
+    triangular solve with respect to ``L`` (``g_L = -tril(L^{-T} g_W W^T)``, a product) and then the Cholesky
+    (``L^T g_L``, a second product, and two triangular solves), once per right-hand side. Because
+    :math:`L^T g_L = -g_W W^T` exactly, this function goes to ``K`` directly,
+
+    .. math:: ar K = L^{-T}\,\Phi\Big(-\sum_i ar W_i W_i^T\Big)\,L^{-1}, \qquad ar R_i = L^{-T} ar W_i,
+
+    with :math:`\Phi` the lower triangle with halved diagonal, symmetrised (Murray 2016, "Differentiation of the
+    Cholesky decomposition"): one product per right-hand side and one pair of ``M^3`` solves in all, which saves
+    a third of the backward cost of a projection. The gradient reaches ``K`` only through this path; ``L`` is
+    treated as a constant here, so uses of ``L`` elsewhere (a KL, a prior) keep their own autograd path and the two
+    contributions add up. Not twice differentiable.
+
+    :param K: ``[..., M, M]`` the factorised matrix (its gradient is returned).
+    :param L: ``[..., M, M]`` its lower Cholesky factor (detached here).
+    :param Rs: right-hand sides ``[..., M, B_i]`` (batch dimensions broadcast against ``L``'s).
+    :returns: tuple of ``[..., M, B_i]``.
+    """
+    return _ProjectChol.apply(K, L.detach(), *Rs)
+
+
+class _Gram(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A):
+        ctx.save_for_backward(A)
+        return A.mT @ A
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        (A,) = ctx.saved_tensors
+        return A @ (g + g.mT)
+
+
+def gram(A: torch.Tensor) -> torch.Tensor:
+    """``A^T A`` ``[..., K, K]`` for ``A`` ``[..., M, K]``, with a backward pass of one product, ``A (g + g^T)``
+    (autograd would differentiate the two factors separately: two products)."""
+    return _Gram.apply(A)
 
 
 @functools.lru_cache(maxsize=64)

@@ -12,6 +12,20 @@ site               model                                             guide
 ``<name>.f``       ``p(f | u, v⊥)``                                   the same conditional
 =================  ================================================  =========================================
 
+or, with the decomposition written out (section 3.2, eqs. 4-5): ``f = Kfu Kuu⁻¹ u + f⊥`` with the site
+``<name>.f_perp ~ p⊥(f⊥ | v⊥)`` in model and guide (:meth:`SOLVEGP.project`, :meth:`SOLVEGP.sample_f_perp`)::
+
+    def model(X, y):
+        u, v = gp.sample_u()                                   # gp.u ~ p(u), gp.v ~ p⊥(v⊥) = N(0, Cvv)
+        with pyro.plate("data", len(X)):
+            f = gp.project(X, u) + gp.sample_f_perp(X, v)      # Kfu Kuu⁻¹ u + f⊥,  gp.f_perp ~ p⊥(f⊥ | v⊥)
+            pyro.sample("y", dist.Normal(f, 0.1), obs=y)
+
+    def guide(X, y):
+        u, v = gp.sample_u(guide=True)                         # q(u) q(v⊥)
+        with pyro.plate("data", len(X)):
+            gp.sample_f_perp(X, v, guide=True)                 # the same p⊥(f⊥ | v⊥): it cancels
+
 with :math:`C_{vv} = K_{vv} - K_{vu}K_{uu}^{-1}K_{uv}`. ``Trace_ELBO`` then estimates eq. 8 of the paper. The
 computation follows algorithm 1 of appendix D: Choleskys of ``Kuu`` ``[M, M]`` and ``Cvv`` ``[M2, M2]`` only, never
 of the ``(M + M2)``-square joint matrix. Whitening follows appendix F: ``u = L_u u'``, ``v⊥ = L_c v'`` with
@@ -27,9 +41,10 @@ from pyro.nn import PyroParam, pyro_method
 from torch.distributions import constraints
 
 from . import conditionals as cond
+from .distributions.kl import ConditionalNormal
 from .kernels import kernel_diag, kernel_matrix
 from .layers import SVGP, _check_finite, _xkey
-from .linalg import cholesky, solve_lower
+from .linalg import cholesky, gram, project_chol
 from .variational import GaussianQ
 
 __all__ = ["SOLVEGP"]
@@ -75,17 +90,33 @@ class SOLVEGP(SVGP):
         self.q_v = GaussianQ(M2, num_outputs, scale_tril, learn_scale=not odvgp)
 
     # -- covariances (algorithm 1, lines 1-2 and 3-4) -----------------------------------------------------------
+    def _factors(self, Xk=None):
+        """Algorithm 1 of appendix D, lines 1-4 (and the projections of the inputs ``Xk``, if given):
+        ``Luu = chol(Kuu)``, ``A = Luu^{-1} Kuv`` ``[M, M2]``, ``Lc = chol(Kvv - A^T A)``, and with inputs
+        ``B = Luu^{-1} Kuf``, ``D = Lc^{-1} (Kvf - A^T B)``. ``A`` and ``B`` are one :func:`project_chol` call, so
+        the backward pass solves against ``Luu`` once for both; ``A^T A`` is a :func:`gram`."""
+        k = self.kernel
+        Kuu = kernel_matrix(k, self.Z)
+        Luu = cholesky(Kuu, self.jitter)  # [(L,) M, M]
+        Kuv = kernel_matrix(k, self.Z, self.O)
+        if Xk is None:
+            (A,) = project_chol(Kuu, Luu, Kuv)
+        else:
+            A, B = project_chol(Kuu, Luu, Kuv, kernel_matrix(k, self.Z, Xk))  # [(L,) M, M2], [..., (L,) M, B]
+        Cvv = kernel_matrix(k, self.O) - gram(A)
+        Lc = cholesky(Cvv, self.jitter)  # [(L,) M2, M2]; the factorisation reads the lower triangle only
+        if Xk is None:
+            return Luu, Lc, A
+        (D,) = project_chol(Cvv, Lc, kernel_matrix(k, self.O, Xk) - A.mT @ B)  # [..., (L,) M2, B]
+        return Luu, Lc, A, B, D
+
     @pyro_method
     def _joint_chol(self, consume: bool):
-        """``(Luu, Lc, A)``: ``Luu = chol(Kuu)``, ``A = Luu^{-1} Kuv`` ``[M, M2]``, ``Lc = chol(Kvv - A^T A)``."""
+        """``(Luu, Lc, A)`` (:meth:`_factors`); cached like :meth:`_stats`, which also leaves them for a consumer."""
         key = ("chol2", self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
-        Luu = cholesky(kernel_matrix(self.kernel, self.Z), self.jitter)  # [(L,) M, M]
-        A = solve_lower(Luu, kernel_matrix(self.kernel, self.Z, self.O))  # [(L,) M, M2]
-        Cvv = kernel_matrix(self.kernel, self.O) - A.mT @ A
-        Lc = cholesky(0.5 * (Cvv + Cvv.mT), self.jitter)  # [(L,) M2, M2]
-        out = (Luu, Lc, A)
+        out = self._factors()
         if not consume:
             self._cache = {key: out}
         return out
@@ -99,19 +130,16 @@ class SOLVEGP(SVGP):
         key = ("stats", _xkey(X), self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
-        Luu, Lc, A = self._joint_chol(consume)
         Xk = X if self.Z.dim() == 2 else X.unsqueeze(-3)
-        B = solve_lower(Luu, kernel_matrix(self.kernel, self.Z, Xk))  # [..., (L,) M, B]
-        Cvf = kernel_matrix(self.kernel, self.O, Xk) - A.mT @ B  # [..., (L,) M2, B]
-        D = solve_lower(Lc, Cvf)
+        Luu, Lc, A, B, D = self._factors(Xk)
         kdiag = kernel_diag(self.kernel, X)  # [..., B]
         if self.num_outputs is not None and self.Z.dim() == 2:
             B, D = B.unsqueeze(-3), D.unsqueeze(-3)
         if self.num_outputs is not None:
             kdiag = kdiag.unsqueeze(-2)
         stats = (Luu, Lc, B, D, kdiag)
-        if not consume:
-            self._cache[key] = stats
+        if not consume:  # the factors are left for the model's priors / the KL (one factorisation per evaluation)
+            self._cache = {("chol2", self._param_key()): (Luu, Lc, A), key: stats}
         return stats
 
     # -- distributions ------------------------------------------------------------------------------------------
@@ -156,6 +184,35 @@ class SOLVEGP(SVGP):
         return loc, var.expand_as(loc)
 
     @pyro_method
+    def project(self, X, u, consume=False):
+        """``Kfu Kuu⁻¹ u`` at ``X`` ``[..., B, D]``: the part of ``f`` in the span of the inducing points (eq. 4),
+        ``[..., B]`` or ``[..., L, B]``; ``u`` as returned by :meth:`sample_u` (whitened: ``Luu⁻¹ u``)."""
+        Luu, Lc, B, D, kdiag = self._stats(X, consume)
+        return cond.conditional_loc(u, B, None if self.whiten else Luu)
+
+    @pyro_method
+    def orthogonal_conditional(self, X, v, consume=False) -> ConditionalNormal:
+        """``p⊥(f⊥ | v⊥)`` at ``X``: marginals ``N(Cfv Cvv⁻¹ v⊥, k_nn - Q_nn - [Cfv Cvv⁻¹ Cvf]_nn)`` (the likelihood
+        factorises, so marginals are all the bound needs), batch shape ``[..., B]`` or ``[..., L, B]``. Built by the
+        guide and taken by the model, like :meth:`conditional`."""
+        key = ("perp", _xkey(X), id(v), v._version, self._param_key())
+        if consume and key in self._cache:
+            return self._cache.pop(key)
+        Luu, Lc, B, D, kdiag = self._stats(X, consume)
+        loc = cond.conditional_loc(v, D, None if self.whiten else Lc)
+        var = cond.clamp_var(kdiag - B.pow(2).sum(-2) - D.pow(2).sum(-2))
+        fn = ConditionalNormal(loc, var.expand_as(loc).sqrt())
+        if not consume:
+            self._cache[key] = fn
+        return fn
+
+    @pyro_method
+    def sample_f_perp(self, X, v, guide: bool = False):
+        """Sample site ``<name>.f_perp ~ p⊥(f⊥ | v⊥)`` at ``X``; call inside the data plate, in model and guide."""
+        with self._outputs_plate():
+            return pyro.sample(f"{self.name}.f_perp", self.orthogonal_conditional(X, v, consume=not guide))
+
+    @pyro_method
     def qf(self, X, consume=False):
         """Marginals of q(f) at ``X``: eqs. 37-38 (diagonal), i.e. algorithm 1 lines 5-7."""
         Luu, Lc, B, D, kdiag = self._stats(X, consume)
@@ -163,11 +220,14 @@ class SOLVEGP(SVGP):
         lv, vv = cond.qf_terms(D, self.q_v.u_loc, self._v_scale(Lc), None if self.whiten else Lc)
         return lu + lv, cond.clamp_var(kdiag + vu + vv)
 
-    def kl_divergence(self):
-        """KL[q(u) || p(u)] + KL[q(v⊥) || p(v⊥)] (eqs. 35-36)."""
+    def kl_divergence(self, consume: bool = False):
+        """KL[q(u) || p(u)] + KL[q(v⊥) || p(v⊥)] (eqs. 35-36); ``consume=True`` reuses the factors of the last
+        :meth:`qf`."""
         kl = torch.distributions.kl_divergence
-        Lc = None if self.whiten else self._joint_chol(consume=False)[1]
-        return kl(self.posterior(), self.prior()) + kl(self.posterior_v(Lc), self.prior_v(Lc))
+        Luu = Lc = None
+        if not self.whiten:
+            Luu, Lc, _ = self._joint_chol(consume)
+        return kl(self.posterior(), self.prior(Luu)) + kl(self.posterior_v(Lc), self.prior_v(Lc))
 
     # -- sites --------------------------------------------------------------------------------------------------
     @pyro_method

@@ -70,7 +70,8 @@ class GaussianQ(PyroModule):
 
 
 def to_natural(loc: torch.Tensor, scale_tril: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    r""":math:`(\theta_1, \theta_2) = (S^{-1} m, -\tfrac12 S^{-1})` from ``m`` ``[..., M]`` and ``L`` ``[..., M, M]``."""
+    r""":math:`(\theta_1, \theta_2) = (S^{-1} m, -\tfrac12 S^{-1})` from ``m`` ``[..., M]`` and
+    ``L`` ``[..., M, M]``."""
     eye = torch.eye(loc.shape[-1], dtype=loc.dtype, device=loc.device)
     Linv = torch.linalg.solve_triangular(scale_tril, eye.expand_as(scale_tril), upper=False)
     prec = Linv.mT @ Linv  # [..., M, M]

@@ -4,6 +4,7 @@ over {Z, O}, reducing to SVGP when q(v⊥) = p(v⊥), whitening-invariant, and c
 import math
 from unittest import mock
 
+import pyro
 import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
@@ -166,3 +167,107 @@ def test_every_parameter_changes_and_outputs_batch():
     assert mean.shape == var.shape == (3, N)
     elbo = Trace_ELBO(num_particles=3, vectorize_particles=True, max_plate_nesting=2)
     assert math.isfinite(elbo.loss(gp3.model, gp3.guide, X, torch.randn(N, 3)))
+
+
+def _structured_differentiable(gp, X):
+    """:func:`_structured` with every quantity a differentiable function of the module's parameters, by plain
+    autograd through ``torch.linalg`` (no fused backward), with the module's jitter, so its gradients are an
+    independent reference for the module's."""
+    k = gp.kernel
+    Z, O = gp.Z, gp.O
+    Kuu = k(Z)
+    Kuu = Kuu + 1e-10 * Kuu.diagonal().mean().detach() * torch.eye(M)
+    Kuv, Kvv = k(Z, O), k(O)
+    Cvv = Kvv - Kuv.mT @ torch.linalg.solve(Kuu, Kuv)
+    eps_c = 1e-10 * Cvv.diagonal().mean().detach()
+    Cvv = Cvv + eps_c * torch.eye(M2)
+    m_u, L_u, m_v = gp.q_u.u_loc, gp.q_u.u_scale_tril, gp.q_v.u_loc
+    L_v = gp.q_v.u_scale_tril if gp.q_v.learn_scale else (torch.eye(M2) if gp.whiten else torch.linalg.cholesky(Cvv))
+    if gp.whiten:
+        Lu0, Lc0 = torch.linalg.cholesky(Kuu), torch.linalg.cholesky(Cvv)
+        m_u, L_u, m_v, L_v = Lu0 @ m_u, Lu0 @ L_u, Lc0 @ m_v, Lc0 @ L_v
+    S_u, S_v = L_u @ L_u.mT, L_v @ L_v.mT
+    P = torch.linalg.solve(Kuu, Kuv).mT
+    m = torch.cat([m_u, m_v + P @ m_u])
+    S = torch.cat([torch.cat([S_u, S_u @ P.mT], 1), torch.cat([P @ S_u, S_v + P @ S_u @ P.mT], 1)], 0)
+    K = torch.cat([torch.cat([Kuu, Kuv], 1), torch.cat([Kuv.mT, Kvv + eps_c * torch.eye(M2)], 1)], 0)
+    return K, k(torch.cat([Z, O]), X), k(X, diag=True), m, torch.linalg.cholesky(S)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("odvgp", [False, True], ids=["solvegp", "odvgp"])
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_gradients_equal_the_structured_svgp(whiten, odvgp):
+    """Every parameter's gradient of the closed-form eq. 8 (the fused backward of algorithm 1) equals autograd's
+    through the dense structured SVGP over {Z, O}."""
+    X, y, gp = _problem("gaussian", whiten, odvgp)
+    params = dict(gp.named_parameters())
+    ours = gp.analytic_elbo(X, y)
+    g_ours = torch.autograd.grad(ours, list(params.values()))
+    K, Kuf, kd, m, L = _structured_differentiable(gp, X)
+    ref = B.kl_sparse_bound(y, gp.likelihood.expected_log_prob, K, Kuf, kd, m, L)
+    g_ref = torch.autograd.grad(ref, list(params.values()))
+    torch.testing.assert_close(ours, ref, rtol=1e-8, atol=1e-8)
+    for name, a, b in zip(params, g_ours, g_ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_closed_form_bound_factorises_once(whiten):
+    """``analytic_elbo`` (what ``fit(elbo="analytic")`` maximises) factorises Kuu and Cvv once per evaluation: the
+    KL reuses the factors of q(f)."""
+    X, y, gp = _problem("gaussian", whiten)
+    svgp = ps.SVGP(gp.kernel, gp.Z.detach(), gp.likelihood, whiten=whiten)
+    real = torch.linalg.cholesky_ex
+    for module, expect in ((gp, [M, M2]), (svgp, [M])):
+        with mock.patch("torch.linalg.cholesky_ex", side_effect=real) as chol:
+            module.analytic_elbo(X, y).backward()
+        assert [c.args[0].shape[-1] for c in chol.call_args_list] == expect
+        assert module._cache == {}  # nothing (no graph) is kept after the evaluation
+
+
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+@pytest.mark.parametrize("lik", ["gaussian", "probit"])
+def test_hand_written_decomposition_estimates_eq8(lik, whiten):
+    """The model/guide of the issue written by hand: u ~ p(u), v⊥ ~ p⊥(v⊥), f = Kfu Kuu⁻¹ u + f⊥ with
+    f⊥ ~ p⊥(f⊥ | v⊥) as its own site; guide q(u) q(v⊥) p⊥(f⊥ | v⊥). Trace_ELBO is unbiased for eq. 8 (dense)."""
+    X, y, gp = _problem(lik, whiten)
+    lik_dist = gp.likelihood.distribution
+
+    def model(X, y):
+        u, v = gp.sample_u()
+        with pyro.plate("data", len(X), subsample_size=12) as i:
+            f = gp.project(X[i], u) + gp.sample_f_perp(X[i], v)
+            pyro.sample("y", lik_dist(f), obs=y[i])
+
+    def guide(X, y):
+        u, v = gp.sample_u(guide=True)
+        with pyro.plate("data", len(X), subsample_size=12) as i:
+            gp.sample_f_perp(X[i], v, guide=True)
+
+    tr = pyro.poutine.trace(guide).get_trace(X, y)
+    assert [n for n, s in tr.nodes.items() if s["type"] == "sample"] == ["gp.u", "gp.v", "data", "gp.f_perp"]
+    with torch.no_grad():
+        exact = _eq8_dense(gp, X, y).item()
+        elbo = Trace_ELBO(num_particles=400, vectorize_particles=True, max_plate_nesting=1)
+        vals = torch.tensor([-elbo.loss(model, guide, X, y) for _ in range(40)])
+    est, se = vals.mean().item(), (vals.std() / math.sqrt(len(vals))).item()
+    assert se > 0 and abs(est - exact) < 4 * se, (est, exact, se)
+    assert not any(key[0] == "perp" for key in gp._cache)  # the model took the guide's p⊥(f⊥ | v⊥): one evaluation
+
+
+def test_project_and_orthogonal_parts_add_up_to_the_conditional():
+    """Kfu Kuu⁻¹ u + E[f⊥ | v⊥] is the mean of p(f | u, v⊥) and p⊥'s variance is its variance."""
+    X, y, gp = _problem("gaussian", whiten=False)
+    u, v = torch.randn(M), torch.randn(M2)
+    with torch.no_grad():
+        full = gp.conditional(X, (u, v))
+        perp = gp.orthogonal_conditional(X, v)
+        torch.testing.assert_close(gp.project(X, u) + perp.loc, full.loc)
+        torch.testing.assert_close(perp.scale, full.scale)
+        Kuu, Kuv, Kvv, Cvv, *_ = _dense(gp)
+        k = gp.kernel
+        Kuf, Kvf = k(gp.Z, X), k(gp.O, X)
+        Cvf = Kvf - Kuv.mT @ torch.linalg.solve(Kuu, Kuf)
+        torch.testing.assert_close(gp.project(X, u), Kuf.mT @ torch.linalg.solve(Kuu, u), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(perp.loc, Cvf.mT @ torch.linalg.solve(Cvv, v), rtol=1e-6, atol=1e-6)

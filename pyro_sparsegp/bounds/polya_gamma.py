@@ -3,7 +3,8 @@ classification using Pólya-Gamma data augmentation", AAAI (the poster text in `
 
 Labels :math:`y_n \in \{0, 1\}`, signs :math:`s_n = 2y_n - 1`. The augmentation (Polson, Scott, Windle 2013) writes
 
-.. math:: p(y_n | f_n) = \sigma(s_n f_n) = \int \tfrac12 e^{s_n f_n/2} e^{-\omega_n f_n^2/2}\, \mathrm{PG}(\omega_n|1,0)\,d\omega_n,
+.. math:: p(y_n | f_n) = \sigma(s_n f_n)
+          = \int \tfrac12 e^{s_n f_n/2} e^{-\omega_n f_n^2/2}\, \mathrm{PG}(\omega_n|1,0)\,d\omega_n,
 
 so with :math:`q(u) = N(m, S)`, :math:`q(\omega_n) = \mathrm{PG}(1, c_n)` and :math:`q(f_n) = N(\mu_n, \sigma_n^2)`:
 
@@ -28,7 +29,8 @@ __all__ = ["pg_mean", "log_cosh_half", "pg_bound", "optimal_c", "jaakkola_jordan
 
 
 def pg_mean(c: torch.Tensor, b: float = 1.0) -> torch.Tensor:
-    r""":math:`\mathbb{E}[\omega] = \frac{b}{2c}\tanh(c/2)` for :math:`\omega \sim \mathrm{PG}(b, c)` (``b/4`` at ``c=0``)."""
+    r""":math:`\mathbb{E}[\omega] = \frac{b}{2c}\tanh(c/2)` for :math:`\omega \sim \mathrm{PG}(b, c)`
+    (``b/4`` at ``c=0``)."""
     c = c.abs()
     small = c < 1e-4
     safe = torch.where(small, torch.ones_like(c), c)

@@ -1,0 +1,91 @@
+"""The fused projection ``project_chol`` and ``gram``: same values as the plain triangular solve and product, and the
+same gradients as autograd through ``torch.linalg.cholesky`` and ``solve_triangular`` (the independent reference),
+with broadcast batch dimensions, several right-hand sides, a gradient also reaching the factor ``L`` through another
+path, and under ``gradcheck``; ``add_diag`` keeps its input intact."""
+
+import pytest
+import torch
+
+from pyro_sparsegp.linalg import add_diag, cholesky, gram, project_chol
+
+
+def _spd(shape, M):
+    A = torch.randn(*shape, M, M)
+    return A @ A.mT + M * torch.eye(M)
+
+
+def _reference(K, Rs, use_L):
+    L = torch.linalg.cholesky(K)
+    Ws = [torch.linalg.solve_triangular(L, R, upper=False) for R in Rs]
+    return Ws, L
+
+
+def _fused(K, Rs, use_L):
+    L = cholesky(K, jitter=0.0)
+    return list(project_chol(K, L, *Rs)), L
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize(
+    "k_batch, r_batches",
+    [((), [()]), ((), [(), (3,)]), ((2,), [(4, 2), (2,)]), ((2, 1), [(2, 3), ()])],
+    ids=["plain", "two_rhs", "broadcast_rhs", "broadcast_K"],
+)
+@pytest.mark.parametrize("use_L", [False, True], ids=["W_only", "W_and_L"])
+def test_project_chol_matches_autograd_through_cholesky(k_batch, r_batches, use_L):
+    M = 5
+    K0 = _spd(k_batch, M)
+    Rs0 = [torch.randn(*b, M, 3 + i) for i, b in enumerate(r_batches)]
+    grads, values = {}, {}
+    for name, f in (("ref", _reference), ("fused", _fused)):
+        torch.manual_seed(1)
+        K = K0.clone().requires_grad_()
+        Rs = [R.clone().requires_grad_() for R in Rs0]
+        Ws, L = f(K, Rs, use_L)
+        loss = sum((W.sin() * torch.randn(W.shape)).sum() for W in Ws)
+        if use_L:  # a second path through L (as an un-whitened KL takes): its gradient must add up at K
+            loss = loss + (L.diagonal(dim1=-2, dim2=-1).log().sum() + (L * torch.randn(L.shape)).sum())
+        grads[name] = torch.autograd.grad(loss, [K, *Rs])
+        values[name] = Ws
+    for a, b in zip(values["ref"], values["fused"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads["ref"], grads["fused"], strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.float64
+def test_project_chol_gradcheck():
+    M = 4
+    K0 = _spd((), M)
+
+    def f(K, R1, R2):
+        K = 0.5 * (K + K.mT)
+        return project_chol(K, torch.linalg.cholesky(K), R1, R2)
+
+    inputs = (K0.requires_grad_(), torch.randn(M, 3, requires_grad=True), torch.randn(2, M, 2, requires_grad=True))
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+@pytest.mark.float64
+def test_gram_gradcheck_and_value():
+    A = torch.randn(3, 6, 4, requires_grad=True)
+    torch.testing.assert_close(gram(A), A.mT @ A)
+    assert torch.autograd.gradcheck(gram, (A,))
+
+
+def test_project_chol_refuses_double_backward():
+    K = _spd((), 3).requires_grad_()
+    (W,) = project_chol(K, torch.linalg.cholesky(K), torch.randn(3, 2))
+    (g,) = torch.autograd.grad(W.pow(2).sum(), K, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), K)
+
+
+def test_add_diag_leaves_its_input_and_broadcasts():
+    A = torch.randn(2, 3, 3)
+    before = A.clone()
+    out = add_diag(A, torch.tensor([1.0, 2.0]))
+    torch.testing.assert_close(A, before)
+    torch.testing.assert_close(out - A, torch.diag_embed(torch.tensor([[1.0] * 3, [2.0] * 3])))
+    torch.testing.assert_close(add_diag(torch.zeros(3, 3), torch.ones(4)), torch.eye(3).expand(4, 3, 3))
