@@ -20,7 +20,12 @@ over splits, beside the paper's numbers (table 2 / table 6; table 7 for elevator
 
     python benchmarks/solvegp_uci.py [--quick] [--json PATH] [--datasets kin40k,elevators] [--splits 5]
                                      [--epochs 100] [--M 1024] [--max-train N] [--estimate] [--threads 1]
-                                     [--objective analytic|sampled]
+                                     [--objective analytic|sampled] [--split-offset K]
+    python benchmarks/solvegp_uci.py --summarize a.json,b.json [--json PATH]
+
+``--split-offset K`` runs the splits ``K .. K + S - 1`` (so that several processes can share the work);
+``--summarize`` prints the summary of the per-split rows of earlier runs' JSON files together (same M and
+epochs).
 
 Differences from the paper, always: our ODVGP row is 1024 + 1024 (``odvgp=True``: q(v⊥) has the prior's covariance
 C_vv), like the paper's "ODVGP 1024 + 1024" row; the paper's "1024 + 8096" row used column subsampling of K_vv,
@@ -32,6 +37,7 @@ it. ``--quick`` is a reduced protocol: kin40k, 1 split, M = 128 (+ 128), 50 epoc
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import time
 import warnings
@@ -130,11 +136,17 @@ def main():
     p.add_argument("--max-train", type=int, default=None, help="use at most this many training rows")
     p.add_argument("--objective", choices=["analytic", "sampled"], default="analytic",
                    help="closed-form eq. 8 (default) or the one-sample TraceMeanField_ELBO")
+    p.add_argument("--split-offset", type=int, default=0, help="first split's seed")
+    p.add_argument("--summarize", default=None, help="comma-separated JSON files of earlier runs: print their summary")
     p.add_argument("--estimate", action="store_true", help="time a few steps per model, print projected times, exit")
     args = p.parse_args()
     setup(args)
     warnings.filterwarnings("ignore")
     torch.set_default_dtype(torch.float64)
+    if args.summarize:
+        rows = [r for path in args.summarize.split(",") for r in json.load(open(path))]
+        write_json(args.json, summarize(rows))
+        return
     if args.datasets:
         names = args.datasets.split(",")
     else:
@@ -178,11 +190,10 @@ def main():
         print(f"projected total: {total / 60:.1f} min")
         return
 
-    rows, summary = [], []
+    rows = []
     for name in names:
         Xn, yn = load(name)
-        res = {k: [] for k in KINDS}
-        for s in range(splits):
+        for s in range(args.split_offset, args.split_offset + splits):
             X, y, Xt, yt = split(Xn, yn, s, max_train)
             steps = epochs * math.ceil(len(X) / 1024)
             perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(s))  # shared by the four models
@@ -193,7 +204,6 @@ def main():
                 fit(gp, X, y, num_steps=steps, batch_size=1024, lr=0.01, progress=False, seed=s, elbo=elbo)
                 secs = time.perf_counter() - t0
                 ll, rmse = evaluate(gp, Xt, yt)
-                res[kind].append((ll, rmse))
                 rows.append({"dataset": name, "model": kind, "M": M, "M2": 0 if kind.startswith("svgp") else M,
                              "num_inducing": {"svgp_M": M, "svgp_2M": 2 * M}.get(kind, 2 * M), "split": s,
                              "splits": splits, "epochs": epochs, "steps": steps, "batch": 1024, "N_train": len(X),
@@ -202,18 +212,30 @@ def main():
                              "s_per_epoch": secs / epochs, "noise": gp.likelihood.noise.item()})
                 print(table([rows[-1]], ["dataset", "model", "M", "split", "epochs", "N_train", "test_ll", "rmse",
                                          "train_s", "s_per_epoch", "noise"]), flush=True)
-                write_json(args.json, rows + summary)  # partial results survive an interrupted long run
+                write_json(args.json, rows)  # partial results survive an interrupted long run
+    print("\n" + ("REDUCED " if reduced else "FULL ") + proto)
+    write_json(args.json, rows + summarize(rows))
+
+
+def summarize(rows):
+    """Mean and standard error over the splits of each (dataset, model), printed beside the paper; returns the
+    summary rows."""
+    rows = [r for r in rows if isinstance(r.get("split"), int)]
+    names = list(dict.fromkeys(r["dataset"] for r in rows))
+    summary = []
+    for name in names:
         for kind in KINDS:
-            a = np.array(res[kind])
+            rs = [r for r in rows if r["dataset"] == name and r["model"] == kind]
+            if not rs:
+                continue
+            a = np.array([(r["test_ll"], r["rmse"]) for r in rs])
             summary.append({
-                "dataset": name, "model": kind, "M": M, "split": "mean", "splits": splits, "epochs": epochs,
-                "N_train": len(X), "reduced": reduced,
+                "dataset": name, "model": kind, "M": rs[0]["M"], "split": "mean", "splits": len(rs),
+                "seeds": ",".join(str(r["split"]) for r in rs), "epochs": rs[0]["epochs"],
+                "N_train": rs[0]["N_train"], "reduced": rs[0]["reduced"],
                 "test_ll": float(a[:, 0].mean()), "ll_se": se(a[:, 0]), "paper_ll": fmt_paper(name, kind, 0),
                 "rmse": float(a[:, 1].mean()), "rmse_se": se(a[:, 1]), "paper_rmse": fmt_paper(name, kind, 2),
             })
-        write_json(args.json, rows + summary)
-
-    print("\n" + ("REDUCED " if reduced else "FULL ") + proto)
     print(f"model names: svgp_M = SVGP M, solvegp_M+M = SOLVE-GP M + M, odvgp_M+M = ODVGP M + M, svgp_2M = SVGP 2M; "
           f"paper columns: M = {PAPER_M} (table 2 / table 6; table 7 for elevators, bike); se: standard error over "
           "splits (nan with one split)")
@@ -222,6 +244,8 @@ def main():
     print("\nordering, SOLVE-GP M + M vs SVGP M (paper: SOLVE-GP at least as good on every dataset):")
     for name in names:
         r = {x["model"]: x for x in summary if x["dataset"] == name}
+        if not {"solvegp_M+M", "svgp_M"} <= set(r):
+            continue
         dll = r["solvegp_M+M"]["test_ll"] - r["svgp_M"]["test_ll"]
         drmse = r["solvegp_M+M"]["rmse"] - r["svgp_M"]["rmse"]
         pp = PAPER.get(name)
@@ -231,7 +255,7 @@ def main():
         print(f"  {name:15s} ours: d(test LL) {dll:+.3f}, d(RMSE) {drmse:+.3f} -> "
               f"{'holds' if dll >= 0 and drmse <= 0 else 'does NOT hold' if dll < 0 and drmse > 0 else 'mixed'}"
               f"; paper: {paper}; best test LL here: {best}")
-    write_json(args.json, rows + summary)
+    return summary
 
 
 if __name__ == "__main__":

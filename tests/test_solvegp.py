@@ -89,7 +89,8 @@ def test_trace_elbo_is_unbiased_for_eq8(lik, whiten, odvgp):
     X, y, gp = _problem(lik, whiten, odvgp)
     with torch.no_grad():
         exact = _eq8_dense(gp, X, y).item()
-        torch.testing.assert_close(_eq8_module(gp, X, y).item(), exact, rtol=1e-8, atol=1e-8)
+        tol = 1e-8 if torch.get_default_dtype() == torch.float64 else 1e-4  # the float32 pass: rounding only
+        torch.testing.assert_close(_eq8_module(gp, X, y).item(), exact, rtol=tol, atol=tol)
         for elbo_cls in (Trace_ELBO, TraceMeanField_ELBO):
             elbo = elbo_cls(num_particles=400, vectorize_particles=True, max_plate_nesting=1)
             vals = torch.tensor([-elbo.loss(gp.model, gp.guide, X, y, subsample_size=12) for _ in range(50)])
@@ -256,6 +257,7 @@ def test_hand_written_decomposition_estimates_eq8(lik, whiten):
     assert not any(key[0] == "perp" for key in gp._cache)  # the model took the guide's p⊥(f⊥ | v⊥): one evaluation
 
 
+@pytest.mark.float64  # compared with dense solves to 1e-6
 def test_project_and_orthogonal_parts_add_up_to_the_conditional():
     """Kfu Kuu⁻¹ u + E[f⊥ | v⊥] is the mean of p(f | u, v⊥) and p⊥'s variance is its variance."""
     X, y, gp = _problem("gaussian", whiten=False)
