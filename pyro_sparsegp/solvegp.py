@@ -184,9 +184,11 @@ class SOLVEGP(SVGP):
         return loc, var.expand_as(loc)
 
     @pyro_method
-    def project(self, X, u, consume=False):
+    def project(self, X, u, consume=True):
         """``Kfu Kuu⁻¹ u`` at ``X`` ``[..., B, D]``: the part of ``f`` in the span of the inducing points (eq. 4),
-        ``[..., B]`` or ``[..., L, B]``; ``u`` as returned by :meth:`sample_u` (whitened: ``Luu⁻¹ u``)."""
+        ``[..., B]`` or ``[..., L, B]``; ``u`` as returned by :meth:`sample_u` (whitened: ``Luu⁻¹ u``). Called in the
+        model, it takes the factors that the guide's :meth:`sample_f_perp` left for these inputs (one factorisation
+        per ELBO evaluation), and computes them otherwise."""
         Luu, Lc, B, D, kdiag = self._stats(X, consume)
         return cond.conditional_loc(u, B, None if self.whiten else Luu)
 

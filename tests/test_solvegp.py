@@ -248,6 +248,10 @@ def test_hand_written_decomposition_estimates_eq8(lik, whiten):
 
     tr = pyro.poutine.trace(guide).get_trace(X, y)
     assert [n for n, s in tr.nodes.items() if s["type"] == "sample"] == ["gp.u", "gp.v", "data", "gp.f_perp"]
+    real = torch.linalg.cholesky_ex
+    with mock.patch("torch.linalg.cholesky_ex", side_effect=real) as chol:  # one (Kuu, Cvv) pair per evaluation
+        Trace_ELBO().differentiable_loss(model, guide, X, y).backward()
+    assert sorted(c.args[0].shape[-1] for c in chol.call_args_list) == sorted([M, M2])
     with torch.no_grad():
         exact = _eq8_dense(gp, X, y).item()
         elbo = Trace_ELBO(num_particles=400, vectorize_particles=True, max_plate_nesting=1)
