@@ -17,8 +17,8 @@ Contenders (all whitened, the same inducing inputs, Adam, one minibatch of 1024 
   inducing points, with ``VariationalStrategy`` / ``LargeBatchVariationalStrategy``.
 * ``pyro_vsgp``: ``pyro.contrib.gp.models.VariationalSparseGP(..., whiten=True, num_data=N)``, its documented idiom:
   ``set_data(Xb, yb)`` then ``TraceMeanField_ELBO().differentiable_loss(vsgp.model, vsgp.guide)``.
-* ``floor``: Cholesky of Kuu, the triangular solve ``W = Luu^{-1} Kuf`` (gradients to Luu and Kuf) and the product
-  ``S^{1/2 T} W`` with the variational scale, forward and backward. ``floor_cs`` is the same without the product:
+* ``floor``: Cholesky of Kuu, the triangular solve ``W = Luu^{-1} Kuf`` (gradients to Kuu and Kuf, fused) and the
+  product ``S^{1/2 T} W`` with the variational scale, forward and backward. ``floor_cs`` is the same without the product:
   the sampled paths (``ours_f``, ``ours_int``) never form ``S^{1/2 T} W`` (they need ``u^T W`` only), so for them
   ``floor_cs`` is the relevant floor and ``ours_f / floor`` can fall below 1.
 
@@ -42,6 +42,7 @@ from pyro.contrib.gp.kernels import RBF
 from pyro.infer import TraceMeanField_ELBO
 
 import pyro_sparsegp as ps
+from pyro_sparsegp.linalg import project_chol
 
 N, B, D = 10_000, 1024, 8
 NUM_BATCHES = 8  # the minibatches cycled through (precomputed, so indexing is not timed)
@@ -123,7 +124,9 @@ def pyro_vsgp_step(data, Z):
 
 
 def floor_step(M, with_product=True):
-    """Cholesky of Kuu, W = Luu^{-1} Kuf and (optionally) S^{1/2 T} W, forward and backward."""
+    """Cholesky of Kuu, W = Luu^{-1} Kuf and (optionally) S^{1/2 T} W, forward and backward, the backward pass of
+    the projection fused as in ``pyro_sparsegp.linalg.project_chol`` (the gradient goes to Kuu without forming that
+    of Luu: one product and one pair of M^3 solves, the fewest we know)."""
     g = torch.Generator().manual_seed(2)
     A = torch.randn(M, M, generator=g)
     Kuu = (A @ A.mT / M + torch.eye(M)).requires_grad_(True)
@@ -133,7 +136,7 @@ def floor_step(M, with_product=True):
     def step():
         Kuu.grad = Kuf.grad = S_half.grad = None
         L = torch.linalg.cholesky(Kuu)
-        W = torch.linalg.solve_triangular(L, Kuf, upper=False)
+        (W,) = project_chol(Kuu, L, Kuf)
         loss = W.pow(2).sum()
         if with_product:
             loss = loss + (S_half.mT @ W).pow(2).sum()
