@@ -19,8 +19,8 @@ Contenders (all whitened, the same inducing inputs, Adam, one minibatch of 1024 
   ``set_data(Xb, yb)`` then ``TraceMeanField_ELBO().differentiable_loss(vsgp.model, vsgp.guide)``.
 * ``floor``: Cholesky of Kuu, the triangular solve ``W = Luu^{-1} Kuf`` (gradients to Kuu and Kuf, fused) and the
   product ``S^{1/2 T} W`` with the variational scale, forward and backward. ``floor_cs`` is the same without the
-  product: the sampled paths (``ours_f``, ``ours_int``) never form ``S^{1/2 T} W`` (they need ``u^T W`` only), so for them
-  ``floor_cs`` is the relevant floor and ``ours_f / floor`` can fall below 1.
+  product: the sampled paths (``ours_f``, ``ours_int``) never form ``S^{1/2 T} W`` (they need ``u^T W`` only), so
+  for them ``floor_cs`` is the relevant floor and ``ours_f / floor`` can fall below 1.
 
 Pyro's parameter store: by default the global store (Pyro's default); ``pyro.clear_param_store()`` is called before
 each model is built and our modules get distinct names (``ours_f``, ``ours_int``, ``ours_an``) so that the models
