@@ -90,10 +90,33 @@ def _cost(dims, sym):
     return " ".join(s if c[s] == 1 else f"{s}^{c[s]}" for s in ("N", "M", "M2") if c[s])
 
 
+_CHOLESKY = ("linalg_cholesky_ex", "cholesky", "linalg_cholesky")
+
+
+def _linalg_op(func, args, kwargs):
+    """``(op, (m, k, n), batch)`` of a dense linear-algebra ATen call (what ``@``, ``torch.matmul``,
+    ``torch.linalg.cholesky_ex`` and ``torch.linalg.solve_triangular`` dispatch to): a product ``[m, k] x [k, n]``,
+    a Cholesky ``(n, n, n)``, a triangular solve ``(n, n, right-hand sides)``; ``batch`` matrices of each. ``None``
+    for anything else."""
+    name = func.overloadpacket.__name__
+    a = [t for t in args if isinstance(t, torch.Tensor)]
+    if name in ("mm", "bmm", "addmm", "baddbmm"):
+        x, y = (a[0], a[1]) if name in ("mm", "bmm") else (a[1], a[2])
+        return "matmul", (x.shape[-2], x.shape[-1], y.shape[-1]), x.shape[:-2].numel()
+    if name in _CHOLESKY:
+        return "cholesky", (a[0].shape[-1],) * 3, a[0].shape[:-2].numel()
+    if name in ("linalg_solve_triangular", "triangular_solve"):
+        A, Bm = (a[0], a[1]) if name == "linalg_solve_triangular" else (a[1], a[0])
+        k = Bm.shape[-1] if kwargs.get("left", True) else Bm.shape[-2]
+        return "trisolve", (A.shape[-1], A.shape[-1], k), torch.broadcast_shapes(A.shape[:-2], Bm.shape[:-2]).numel()
+    if name.startswith(("linalg_", "cholesky_")):
+        return "other linalg: " + name, tuple(a[0].shape[-2:]) + (a[0].shape[-1],), 1
+    return None
+
+
 class CountCubic(TorchDispatchMode):
-    """Records every matrix product, Cholesky factorisation and triangular solve at the ATen level (what the
-    ``@`` operator, ``torch.matmul``, ``torch.linalg.cholesky_ex`` and ``torch.linalg.solve_triangular`` dispatch
-    to), classified by its operands' sizes; those whose three sizes are all in ``sym`` (batch N, M, M2) are cubic."""
+    """Records every matrix product, Cholesky factorisation and triangular solve at the ATen level, classified by
+    its operands' sizes; those whose three sizes are all in ``sym`` (batch N, M, M2) are cubic."""
 
     def __init__(self, sym):
         super().__init__()
@@ -102,22 +125,9 @@ class CountCubic(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        a = [t for t in args if isinstance(t, torch.Tensor)]
-        op, dims = None, None
-        if name in ("mm", "bmm"):
-            op, dims = "matmul", (a[0].shape[-2], a[0].shape[-1], a[1].shape[-1])
-        elif name in ("addmm", "baddbmm"):
-            op, dims = "matmul", (a[1].shape[-2], a[1].shape[-1], a[2].shape[-1])
-        elif name in ("linalg_cholesky_ex", "cholesky", "linalg_cholesky"):
-            op, dims = "cholesky", (a[0].shape[-1],) * 3
-        elif name in ("linalg_solve_triangular", "triangular_solve"):
-            A, Bm = (a[0], a[1]) if name == "linalg_solve_triangular" else (a[1], a[0])
-            left = kwargs.get("left", True)
-            op, dims = "trisolve", (A.shape[-1], A.shape[-1], Bm.shape[-1] if left else Bm.shape[-2])
-        elif name.startswith(("linalg_", "cholesky_")):
-            op, dims = "other linalg: " + name, tuple(a[0].shape[-2:]) + (a[0].shape[-1],)
-        if op is not None:
+        found = _linalg_op(func, args, kwargs)
+        if found is not None:
+            op, dims, _ = found
             cost = _cost(dims, self.sym)
             if cost is not None:
                 self.found.setdefault(op, Counter())[cost] += 1
@@ -128,24 +138,18 @@ class CountFlops(TorchDispatchMode):
     """Floating-point operations of the dense linear algebra (matrix products ``2mkn``, Cholesky ``n^3/3``,
     triangular solves ``n^2 k``) that run inside the mode, forward and backward, batch dimensions included."""
 
+    PER_MKN = {"matmul": 2, "cholesky": 1 / 3, "trisolve": 1}
+
     def __init__(self):
         super().__init__()
         self.flops = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        a = [t for t in args if isinstance(t, torch.Tensor)]
-        if name in ("mm", "bmm", "addmm", "baddbmm"):
-            x, y = (a[0], a[1]) if name in ("mm", "bmm") else (a[1], a[2])
-            self.flops["matmul"] += 2 * x.shape[:-1].numel() * x.shape[-1] * y.shape[-1]
-        elif name in ("linalg_cholesky_ex", "cholesky", "linalg_cholesky"):
-            self.flops["cholesky"] += a[0].shape[:-2].numel() * a[0].shape[-1] ** 3 / 3
-        elif name == "linalg_solve_triangular":
-            A, Bm = a[0], a[1]
-            batch = torch.broadcast_shapes(A.shape[:-2], Bm.shape[:-2]).numel()
-            k = Bm.shape[-1] if kwargs.get("left", True) else Bm.shape[-2]
-            self.flops["trisolve"] += batch * A.shape[-1] ** 2 * k
+        found = _linalg_op(func, args, kwargs)
+        if found is not None and found[0] in self.PER_MKN:
+            op, (m, k, n), batch = found
+            self.flops[op] += self.PER_MKN[op] * m * k * n * batch
         return func(*args, **kwargs)
 
 

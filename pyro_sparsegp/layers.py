@@ -66,9 +66,6 @@ class _XKey:
         return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b))
 
 
-def _xkey(X):
-    return _XKey(X)
-
 
 def _take(X, idx):
     Xb = X[..., idx, :]
@@ -163,7 +160,7 @@ class SVGP(PyroModule):
         (``consume=True``), which Pyro runs after the guide with the same parameters, takes them out if the key
         (inputs, parameter storage and versions, grad mode) matches, else computes its own. So each ELBO
         evaluation pays for one Cholesky and one solve, and nothing stale is ever read twice."""
-        key = ("stats", _xkey(X), self._param_key())
+        key = ("stats", _XKey(X), self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
         Kuu, Luu = self._kuu_chol(consume)
@@ -208,7 +205,7 @@ class SVGP(PyroModule):
         The guide builds it and keeps it; the model, which Pyro replays with the guide's ``u``, takes the same
         object, so the two sites cost one evaluation."""
         us = u if isinstance(u, tuple) else (u,)  # SOLVE-GP passes (u, v)
-        key = ("cond", _xkey(X), tuple((id(t), t._version) for t in us), self._param_key())
+        key = ("cond", _XKey(X), tuple((id(t), t._version) for t in us), self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
         loc, var = self._moments(X, u, consume)

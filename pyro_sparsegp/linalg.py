@@ -45,7 +45,6 @@ def add_diag(A: torch.Tensor, value) -> torch.Tensor:
     """Return ``A + value * I`` without modifying ``A`` (``value`` broadcasts against ``A.shape[:-2]``)."""
     if isinstance(value, torch.Tensor):
         value = value.unsqueeze(-1)  # [..., 1] against the diagonal [..., M]
-    if isinstance(value, torch.Tensor) and value.shape[:-1] != A.shape[:-2]:
         A = A.expand(torch.broadcast_shapes(A.shape[:-2], value.shape[:-1]) + A.shape[-2:])
     out = A.clone()  # one pass over A (an eye would cost three); autograd sees clone + diagonal add
     out.diagonal(dim1=-2, dim2=-1).add_(value)
@@ -145,7 +144,7 @@ def project_chol(K: torch.Tensor, L: torch.Tensor, *Rs: torch.Tensor) -> tuple[t
     (``L^T g_L``, a second product, and two triangular solves), once per right-hand side. Because
     :math:`L^T g_L = -g_W W^T` exactly, this function goes to ``K`` directly,
 
-    .. math:: ar K = L^{-T}\,\Phi\Big(-\sum_i ar W_i W_i^T\Big)\,L^{-1}, \qquad ar R_i = L^{-T} ar W_i,
+    .. math:: \bar K = L^{-T}\,\Phi\Big(-\sum_i \bar W_i W_i^T\Big)\,L^{-1}, \qquad \bar R_i = L^{-T} \bar W_i,
 
     with :math:`\Phi` the lower triangle with halved diagonal, symmetrised (Murray 2016, "Differentiation of the
     Cholesky decomposition"): one product per right-hand side and one pair of ``M^3`` solves in all, which saves

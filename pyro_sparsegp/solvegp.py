@@ -43,7 +43,7 @@ from torch.distributions import constraints
 from . import conditionals as cond
 from .distributions.kl import ConditionalNormal
 from .kernels import kernel_diag, kernel_matrix
-from .layers import SVGP, _check_finite, _xkey
+from .layers import SVGP, _check_finite, _XKey
 from .linalg import cholesky, gram, project_chol
 from .variational import GaussianQ
 
@@ -127,7 +127,7 @@ class SOLVEGP(SVGP):
     @pyro_method
     def _stats(self, X, consume):
         """``(Luu, Lc, B, D, kff_diag)`` with ``B = Luu^{-1} Kuf``, ``D = Lc^{-1}(Kvf - A^T B)`` (algorithm 1)."""
-        key = ("stats", _xkey(X), self._param_key())
+        key = ("stats", _XKey(X), self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
         Xk = X if self.Z.dim() == 2 else X.unsqueeze(-3)
@@ -174,13 +174,17 @@ class SOLVEGP(SVGP):
             Lc = self._joint_chol(consume=False)[1]
         return self.q_v(self._v_scale(Lc))
 
+    def _perp_moments(self, stats, v):
+        """Mean and variance of ``p⊥(f⊥ | v⊥)`` (the variance is also that of ``p(f | u, v⊥)``)."""
+        Luu, Lc, B, D, kdiag = stats
+        loc = cond.conditional_loc(v, D, None if self.whiten else Lc)
+        return loc, cond.clamp_var(kdiag - B.pow(2).sum(-2) - D.pow(2).sum(-2)).expand_as(loc)
+
     def _moments(self, X, uv, consume):
         u, v = uv
-        Luu, Lc, B, D, kdiag = self._stats(X, consume)
-        loc = cond.conditional_loc(u, B, None if self.whiten else Luu) + cond.conditional_loc(
-            v, D, None if self.whiten else Lc
-        )
-        var = cond.clamp_var(kdiag - B.pow(2).sum(-2) - D.pow(2).sum(-2))
+        stats = self._stats(X, consume)
+        loc_perp, var = self._perp_moments(stats, v)
+        loc = cond.conditional_loc(u, stats[2], None if self.whiten else stats[0]) + loc_perp
         return loc, var.expand_as(loc)
 
     @pyro_method
@@ -197,13 +201,11 @@ class SOLVEGP(SVGP):
         """``p⊥(f⊥ | v⊥)`` at ``X``: marginals ``N(Cfv Cvv⁻¹ v⊥, k_nn - Q_nn - [Cfv Cvv⁻¹ Cvf]_nn)`` (the likelihood
         factorises, so marginals are all the bound needs), batch shape ``[..., B]`` or ``[..., L, B]``. Built by the
         guide and taken by the model, like :meth:`conditional`."""
-        key = ("perp", _xkey(X), id(v), v._version, self._param_key())
+        key = ("perp", _XKey(X), id(v), v._version, self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
-        Luu, Lc, B, D, kdiag = self._stats(X, consume)
-        loc = cond.conditional_loc(v, D, None if self.whiten else Lc)
-        var = cond.clamp_var(kdiag - B.pow(2).sum(-2) - D.pow(2).sum(-2))
-        fn = ConditionalNormal(loc, var.expand_as(loc).sqrt())
+        loc, var = self._perp_moments(self._stats(X, consume), v)
+        fn = ConditionalNormal(loc, var.sqrt())
         if not consume:
             self._cache[key] = fn
         return fn

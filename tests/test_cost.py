@@ -3,6 +3,7 @@ plate subsampling, for the sampled-f and the integrated-f paths."""
 
 from unittest import mock
 
+import pyro
 import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
@@ -30,8 +31,6 @@ def test_one_cholesky_per_elbo_evaluation(elbo, subsample, whiten, integrate_f):
 def test_hand_written_program_factorises_once(whiten):
     """A model/guide written by hand (README): ``X[i]`` is a new tensor in each program, and the model still takes
     what the guide computed for the same inputs."""
-    import pyro
-
     gp = ps.SVGP(RBF(2), torch.randn(7, 2), whiten=whiten)
     X, y = torch.randn(40, 2), torch.randn(40)
 

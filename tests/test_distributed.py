@@ -48,6 +48,7 @@ def _worker(rank, world, init_file, out_dir, natgrad_lr):
                 seed=5,
             )
             torch.save(gp.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
+            tdist.barrier()  # no rank tears gloo down while the other is still in a collective (seen once: SIGABRT)
         finally:
             tdist.destroy_process_group()
 
