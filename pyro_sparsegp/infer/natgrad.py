@@ -69,6 +69,9 @@ def _apply(svgp, g1, g2, Luu, lr):
 
 
 def _squeeze_outputs(svgp, Luu, W, kdiag):
+    if getattr(svgp, "mean_function", None) is not None:
+        raise ValueError("these natural-gradient steps assume a zero mean function; train a layer with a mean "
+                         "function with Adam (or with natural gradients from the backward pass)")
     if svgp.num_outputs is not None:
         if Luu.dim() == 2:
             Luu = Luu.expand(svgp.num_outputs, *Luu.shape)
