@@ -113,6 +113,7 @@ class DeepGP(PyroModule):
         # a plain ModuleList: each layer keeps its own Pyro context and parameter names (``<layer>.Z``, ...), so
         # layers built, initialised or trained on their own before join a DeepGP as they are
         self.layers = torch.nn.ModuleList(layers)
+        self.__dict__["_stack"] = layers  # a plain list too: PyroModule attribute look-ups cost ~10 us each
         self.num_samples = num_samples
         self.marginalize_last = marginalize_last
         self.name = name
@@ -121,15 +122,15 @@ class DeepGP(PyroModule):
     @property
     def likelihood(self):
         """The last layer's likelihood."""
-        return self.layers[-1].likelihood
+        return self._stack[-1].likelihood
 
     @property
     def hidden(self) -> list:
-        return list(self.layers)[:-1]
+        return self._stack[:-1]
 
     @property
     def last(self) -> SVGP:
-        return self.layers[-1]
+        return self._stack[-1]
 
     def natgrad_families(self) -> list:
         """The variational family that natural-gradient steps should train: the last layer's ``q(u)`` only
@@ -137,7 +138,7 @@ class DeepGP(PyroModule):
         return [self.last.q_u]
 
     def _check_data(self, X, y):
-        first = self.layers[0]
+        first = self._stack[0]
         if X.dim() < 2 or X.shape[-1] != first.Z.shape[-1]:
             raise ValueError(f"X must be [..., N, D] with D = {first.Z.shape[-1]} (the first layer's inducing "
                              f"inputs' dimension); got shape {tuple(X.shape)}")
@@ -174,7 +175,7 @@ class DeepGP(PyroModule):
         the sample of the layer below (``sample_hidden``) and ``y`` (module docstring). ``num_data``: ``X`` is a
         minibatch of a data set of that size; ``subsample_size``: the plate draws a minibatch of ``X``."""
         self._check_data(X, y)
-        us = [layer.sample_u() for layer in self.layers]
+        us = [layer.sample_u() for layer in self._stack]
         last, lik = self.last, self.likelihood
         with self._plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
             h, yb = self._batch(X, y, idx, subsample_size, num_data)
@@ -193,9 +194,9 @@ class DeepGP(PyroModule):
         """Variational distribution ``prod_l q(u_l) p(f_l | u_l, f_{l-1})``; returns the drawn latent values by site
         name (a dict, so that it can be a part of ``AutoGuideList``)."""
         self._check_data(X, y)
-        us = [layer.sample_u(guide=True) for layer in self.layers]
+        us = [layer.sample_u(guide=True) for layer in self._stack]
         out = {}
-        for layer, u in zip(self.layers, us, strict=True):
+        for layer, u in zip(self._stack, us, strict=True):
             if isinstance(u, tuple):
                 out[f"{layer.name}.u"], out[f"{layer.name}.v"] = u
             else:
@@ -243,8 +244,8 @@ class DeepGP(PyroModule):
         S = loc.shape[0]
         yt = self._targets(y)
         ell = self.likelihood.expected_log_prob(yt, loc, var).sum() / S
-        kl = sum(layer.kl_divergence(consume=True).sum() for layer in self.layers)
-        for layer in self.layers:
+        kl = sum(layer.kl_divergence(consume=True).sum() for layer in self._stack)
+        for layer in self._stack:
             layer._cache.clear()
         return (num_data or X.shape[-2]) / X.shape[-2] * ell - kl
 
@@ -254,7 +255,7 @@ class DeepGP(PyroModule):
         each (``q(f* | x*) ≈ 1/S sum_s N(mu_s, var_s)``, Salimbeni & Deisenroth 2017, section 3.3)."""
         self._check_data(X, None)
         _, loc, var = self.propagate(X, num_samples)
-        for layer in self.layers:
+        for layer in self._stack:
             layer._cache.clear()
         if self.last.num_outputs is not None:
             return loc.mT, var.mT
@@ -266,7 +267,7 @@ class DeepGP(PyroModule):
         ``S`` components; a vector ``y_n`` of ``L`` outputs is scored jointly within each component)."""
         self._check_data(X, y)
         _, loc, var = self.propagate(X, num_samples)
-        for layer in self.layers:
+        for layer in self._stack:
             layer._cache.clear()
         lp = self.likelihood.predictive_log_prob(self._targets(y), loc, var)  # [S, (L,) N]
         if lp.dim() == 3:
@@ -278,7 +279,7 @@ class DeepGP(PyroModule):
         """Class probabilities, the mixture's average: ``[N]`` (``p(y=1)``, Bernoulli) or ``[N, K]`` (multi-class)."""
         self._check_data(X, None)
         _, loc, var = self.propagate(X, num_samples)
-        for layer in self.layers:
+        for layer in self._stack:
             layer._cache.clear()
         d = self.likelihood.predictive(loc, var)
         if not hasattr(d, "probs"):
