@@ -65,10 +65,29 @@ def sample_marginal(layer: SVGP, X: torch.Tensor, num_samples: int | None = None
     """
     if layer.num_outputs is None:
         raise ValueError(f"layer {layer.name!r} is a hidden layer: give it num_outputs (its width, 1 included)")
-    loc, var = layer.qf(X)  # [..., L, B]
+    loc, var = _qf_points(layer, X)  # [..., L, B]
     shape = loc.shape if num_samples is None else (num_samples,) + loc.shape
     eps = torch.randn(shape, dtype=loc.dtype, device=loc.device)
     return as_inputs(loc + var.sqrt() * eps, layer.num_outputs)
+
+
+def _qf_points(layer: SVGP, X: torch.Tensor):
+    """``layer.qf(X)`` for sample-batched inputs ``[..., 1, B, D]``, computed on the points flattened to
+    ``[P B, D]``: the marginals are point-wise, and one ``[M, P B]`` projection is one large BLAS call instead of
+    ``P`` broadcast ones (the inducing inputs, shared by the samples, are never expanded). Same values and shapes
+    (``[..., L, B]`` or ``[..., 1, B]``) as ``layer.qf(X)``."""
+    if X.dim() <= 2 or X.shape[-3] != 1:
+        return layer.qf(X)
+    lead, B = X.shape[:-3], X.shape[-2]
+    loc, var = layer.qf(X.reshape(-1, X.shape[-1]))  # [(L,) P B]
+    if layer.num_outputs is None:
+        return loc.reshape(lead + (1, B)), var.reshape(lead + (1, B))
+    L = loc.shape[-2]
+
+    def back(t):
+        return t.reshape((L,) + lead + (B,)).movedim(0, -2)
+
+    return back(loc), back(var)
 
 
 class DeepGP(PyroModule):
@@ -225,7 +244,7 @@ class DeepGP(PyroModule):
         for i, layer in enumerate(self.hidden):
             h = sample_marginal(layer, h, S if i == 0 else None)
             hidden.append(h.squeeze(-3))
-        loc, var = self.last.qf(h)
+        loc, var = _qf_points(self.last, h)
         if not self.hidden:  # one layer: every sample is the same
             loc, var = loc.expand((S,) + loc.shape), var.expand((S,) + var.shape)
         elif self.last.num_outputs is None:
