@@ -92,6 +92,40 @@ _R2_TOL = {torch.float64: 1e-8, torch.float32: 1e-3}
 _CHUNK = 1 << 22  # elements of the [rows, M, D] differences formed at once on the exact path
 
 
+def _hyper(kernel, name: str, event_dim: int = 0) -> torch.Tensor:
+    """A hyperparameter laid out for ``[..., N, M]`` matrices (``event_dim=0``: ``[..., 1, 1]``) or for ``[..., N, D]``
+    inputs (``event_dim=1``, a lengthscale: ``[..., 1, D]``).
+
+    A ``PyroParam`` is used as it is. A ``PyroSample`` drawn under vectorised particles carries batch dimensions laid
+    out like any Pyro site outside the data plate: ``[P, 1, ..., 1]`` ending with the data plate's singleton. Kernel
+    matrices of a layer have the batch dimensions of ``f`` left of the data plate, so that singleton is dropped and
+    matrix dimensions added. The prior's event shape tells the batch from the event (an isotropic lengthscale has
+    event shape ``()``, an ARD one ``[D]``)."""
+    v = getattr(kernel, name)
+    samples = kernel.__dict__.get("_pyro_samples", {})
+    if name not in samples or not torch.is_tensor(v) or v.dim() == 0:
+        return v
+    prior = getattr(kernel, "_priors", {}).get(name, samples[name])
+    ev = len(getattr(prior, "event_shape", ())) if hasattr(prior, "event_shape") else min(v.dim(), event_dim)
+    batch, event = v.shape[: v.dim() - ev], v.shape[v.dim() - ev :]
+    if not batch:
+        return v
+    if batch[-1] != 1:
+        raise ValueError(
+            f"{name} has batch shape {tuple(batch)}: a kernel hyperparameter must be drawn outside the data plate "
+            "(the layer draws it in sample_u; read it there first in a hand-written program)"
+        )
+    v = v.reshape(batch[:-1] + event)
+    if event_dim == 1:
+        return v.unsqueeze(-2) if ev == 1 else v[..., None, None]
+    return v[..., None, None]
+
+
+def _diag_var(var):
+    """The variance of :func:`_hyper` (``[..., 1, 1]`` or scalar) for a diagonal ``[..., N]``."""
+    return var[..., 0] if var.dim() >= 2 else var
+
+
 def _centred(X, Z):
     """``(X - c, Z - c)`` with ``c`` the detached mean of the rows of ``X``: an offset common to both cancels."""
     c = X.detach().reshape(-1, X.shape[-1]).mean(0)  # [D]
@@ -113,7 +147,9 @@ def _sqdist_by_differences(Xc, Zc, ls):
     Zc = Zc.expand(batch + Zc.shape[-2:])
     rows = max(1, _CHUNK // max(1, Zc.numel()))
     parts = [
-        ((Xc[..., i : i + rows, None, :] - Zc[..., None, :, :]) / ls).pow(2).sum(-1)
+        ((Xc[..., i : i + rows, None, :] - Zc[..., None, :, :]) / (ls.unsqueeze(-2) if ls.dim() >= 2 else ls))
+        .pow(2)
+        .sum(-1)
         for i in range(0, Xc.shape[-2], rows)
     ]
     if not parts:
@@ -128,7 +164,7 @@ def _zero_diagonal(r2):
 def _scaled_sqdist(kernel, X, Z, square=False, exact=False):
     """Squared distances ``|x - z|^2 / l^2`` ``[..., N, M]``, clamped at zero; ``square``: ``Z`` is ``X`` (the
     diagonal is then exactly zero); ``exact``: always from the differences."""
-    ls = kernel.lengthscale
+    ls = _hyper(kernel, "lengthscale", 1)
     Xc, Zc = _centred(X, Z)
     Xs, Zs = Xc / ls, Zc / ls
     x2 = (Xs * Xs).sum(-1, keepdim=True)  # [..., N, 1]
@@ -141,11 +177,12 @@ def _scaled_sqdist(kernel, X, Z, square=False, exact=False):
 
 
 def _isotropic(kernel, r2):
-    var = kernel.variance
+    var = _hyper(kernel, "variance")
     if isinstance(kernel, pk.RBF):
         return var * torch.exp(-0.5 * r2)
     if isinstance(kernel, pk.RationalQuadratic):
-        return var * (1 + 0.5 / kernel.scale_mixture * r2).pow(-kernel.scale_mixture)
+        alpha = _hyper(kernel, "scale_mixture")
+        return var * (1 + 0.5 / alpha * r2).pow(-alpha)
     r = (r2 + torch.finfo(r2.dtype).tiny).sqrt() * (r2 > 0)  # zero gradient at r = 0
     if isinstance(kernel, pk.Matern32):
         s = math.sqrt(3) * r
@@ -167,12 +204,12 @@ def _rbf(kernel, X, Z, square=False):
     ``[N, M]`` matrix (forward and backward) compared with forming the squared distances first. Inputs are centred
     first; where the GEMM form would not be exact enough the distances come from the differences (module
     docstring). ``square``: ``Z`` is ``X``, and the diagonal is set to the variance exactly."""
-    ls = kernel.lengthscale
+    ls = _hyper(kernel, "lengthscale", 1)
     Xc, Zc = _centred(X, Z)
     Xs, Zs = Xc / ls, Zc / ls
     x2 = (Xs * Xs).sum(-1, keepdim=True)  # [..., N, 1]
     z2 = (Zs * Zs).sum(-1, keepdim=True)  # [..., M, 1]
-    var = kernel.variance
+    var = _hyper(kernel, "variance")
     if not _gemm_is_exact(x2, z2):
         r2 = _sqdist_by_differences(X, Z, ls)  # the raw inputs: x - z is exact for close points
         return var * torch.exp(-0.5 * (_zero_diagonal(r2) if square else r2))
@@ -182,7 +219,7 @@ def _rbf(kernel, X, Z, square=False):
     else:
         K = (Xs @ Zs.mT + bias).exp()
     if square:  # r2 = 0 exactly on the diagonal (rounding may leave ~eps |x|^2 there); O(M) beside the O(M^2) K
-        K = torch.diagonal_scatter(K, var.expand(K.shape[:-1]).to(K.dtype), dim1=-2, dim2=-1)
+        K = torch.diagonal_scatter(K, _diag_var(var).expand(K.shape[:-1]).to(K.dtype), dim1=-2, dim2=-1)
     return K
 
 
@@ -219,5 +256,6 @@ def kernel_diag(kernel, X: torch.Tensor) -> torch.Tensor:
     """Diagonal ``k(x_n, x_n)``: ``X`` ``[..., N, D]`` -> ``[..., N]``."""
     _check(kernel, X, None)
     if type(kernel) in _ISOTROPIC:
-        return kernel.variance.expand(X.shape[:-1])
+        var = _diag_var(_hyper(kernel, "variance"))
+        return var.expand(torch.broadcast_shapes(var.shape, X.shape[:-1]))
     return kernel(X.reshape(-1, X.shape[-1]), diag=True).reshape(X.shape[:-1])
