@@ -34,15 +34,16 @@ from pyro.poutine.trace_messenger import TraceMessenger
 __all__ = ["plate", "layer_method", "sampled_attributes", "current_trace", "values_key", "check_plate_alignment"]
 
 
-def sampled_attributes(module) -> list[tuple[object, str, str]]:
+def sampled_attributes(module, names: bool = True) -> list[tuple[object, str, str | None]]:
     """``(submodule, attribute, site name)`` for every ``PyroSample`` attribute of ``module`` and its
-    PyroModule children (the kernel, the likelihood, mean functions)."""
+    PyroModule children (the kernel, the likelihood, mean functions); ``names=False`` leaves the site names out
+    (they are defined only once the module has been called)."""
     out = []
     for sub in module.modules():
         samples = sub.__dict__.get("_pyro_samples")
         if samples:
             for name in samples:
-                out.append((sub, name, sub._pyro_get_fullname(name)))
+                out.append((sub, name, sub._pyro_get_fullname(name) if names else None))
     return out
 
 
@@ -54,21 +55,37 @@ def current_trace():
     return None
 
 
+def seed_context(module) -> None:
+    """Inside ``module``'s context (e.g. a likelihood's ``forward``), take the traced program's values of its
+    ``PyroSample`` attributes, if it has drawn them already (see the module docstring)."""
+    trace = current_trace()
+    if trace is not None and module._pyro_context.active:
+        for _, _, fullname in sampled_attributes(module):
+            node = trace.nodes.get(fullname)
+            if node is not None and node["type"] == "sample":
+                module._pyro_context.set(fullname, node["value"])
+
+
 def _seed_context(module, guide: bool | None = None) -> None:
     """Put the traced program's value of each ``PyroSample`` site of ``module`` into its context's cache."""
     attrs = sampled_attributes(module)
     if not attrs:
         return
     trace = current_trace()
+    if trace is None and not pyro.poutine.runtime.am_i_wrapped():
+        raise ValueError(
+            f"{', '.join(a[2] for a in attrs)}: PyroSample hyperparameter(s) need a Pyro program to take their "
+            "values from: run the layer under SVI or Predictive, or under poutine.replay(trace=guide_trace) / "
+            "poutine.condition(data={...}) to predict with given values (a bare call would draw them from the prior "
+            "anew at each read)."
+        )
     ctx = module._pyro_context
     missing = []
     for _, _, fullname in attrs:
         node = None if trace is None else trace.nodes.get(fullname)
         if node is not None and node["type"] == "sample":
             ctx.set(fullname, node["value"])
-        elif trace is None and fullname in module.__dict__.get("_psgp_last_draws", {}):
-            ctx.set(fullname, module.__dict__["_psgp_last_draws"][fullname])
-        elif guide:
+        elif guide and trace is not None:
             missing.append(fullname)
     if missing:
         raise ValueError(
@@ -98,11 +115,9 @@ def layer_method(fn=None, *, guide_arg: str | None = None):
 
 def draw_hyperparameters(module) -> None:
     """Read every ``PyroSample`` attribute once (inside the module's context), so that each is a site at the
-    current plate level (call outside the data plate), and remember the draws for untraced programs."""
-    draws = {}
-    for sub, name, fullname in sampled_attributes(module):
-        draws[fullname] = getattr(sub, name)
-    module.__dict__["_psgp_last_draws"] = draws
+    current plate level (call outside the data plate)."""
+    for sub, name, _ in sampled_attributes(module):
+        getattr(sub, name)
 
 
 class _Same:

@@ -25,7 +25,14 @@ from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
 from . import conditionals as cond
-from .composition import BoundModule, check_plate_alignment, draw_hyperparameters, layer_method, values_key
+from .composition import (
+    BoundModule,
+    check_plate_alignment,
+    draw_hyperparameters,
+    layer_method,
+    sampled_attributes,
+    values_key,
+)
 from .composition import plate as data_plate
 from .distributions import MarginalizedLikelihood
 from .distributions.kl import ConditionalNormal
@@ -189,7 +196,7 @@ class SVGP(PyroModule):
         self.mean_function = mean_function
         M = Z.shape[-2]
         scale_tril = None
-        if not whiten:  # start at the prior q(u) = p(u)
+        if not whiten and not sampled_attributes(kernel, names=False):  # start at the prior q(u) = p(u) (no prior draw of theta)
             with torch.no_grad():
                 scale_tril = cholesky(kernel_matrix(kernel, Z.detach()), jitter)
         self.q_u = GaussianQ(M, num_outputs, scale_tril)
@@ -269,8 +276,9 @@ class SVGP(PyroModule):
             return dist.Normal(zeros, 1.0).to_event(1)
         if Luu is None:
             Luu = self._luu(consume=False)
-        if self.num_outputs is not None:
-            Luu = Luu.unsqueeze(-3).expand(batch + (M, M))
+        if self.num_outputs is not None or Luu.dim() > 2:  # the data plate's singleton (and the outputs')
+            Luu = Luu.unsqueeze(-3)
+            Luu = Luu.expand(torch.broadcast_shapes(Luu.shape[:-2], batch) + (M, M))
         return dist.MultivariateNormal(zeros, scale_tril=Luu)
 
     @layer_method
@@ -314,7 +322,7 @@ class SVGP(PyroModule):
         if self.num_outputs is None:
             return contextlib.nullcontext()
         if new or getattr(self, "_plate", None) is None:
-            self._plate = pyro.plate(f"{self.name}.outputs", self.num_outputs, dim=-2)
+            self._plate = data_plate(f"{self.name}.outputs", self.num_outputs, dim=-2)  # joins AutoGuideList's
         return self._plate
 
     @layer_method(guide_arg="guide")

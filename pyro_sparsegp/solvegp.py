@@ -41,7 +41,7 @@ from pyro.nn import PyroParam
 from torch.distributions import constraints
 
 from . import conditionals as cond
-from .composition import draw_hyperparameters, layer_method
+from .composition import draw_hyperparameters, layer_method, sampled_attributes
 from .distributions.kl import ConditionalNormal
 from .kernels import kernel_diag, kernel_matrix
 from .layers import SVGP, _check_finite, _XKey
@@ -86,7 +86,7 @@ class SOLVEGP(SVGP):
         self.odvgp = odvgp
         M2 = O.shape[-2]
         scale_tril = None
-        if not whiten and not odvgp:  # start at the prior q(v⊥) = p(v⊥)
+        if not whiten and not odvgp and not sampled_attributes(kernel, names=False):  # start at the prior q(v⊥) = p(v⊥)
             with torch.no_grad():
                 scale_tril = self._joint_chol(consume=False)[1]
         self.q_v = GaussianQ(M2, num_outputs, scale_tril, learn_scale=not odvgp)
@@ -151,8 +151,9 @@ class SOLVEGP(SVGP):
             return dist.Normal(zeros, 1.0).to_event(1)
         if Lc is None:
             Lc = self._joint_chol(consume=False)[1]
-        if self.num_outputs is not None:
-            Lc = Lc.unsqueeze(-3).expand(batch + (M2, M2))
+        if self.num_outputs is not None or Lc.dim() > 2:  # the data plate's singleton (and the outputs')
+            Lc = Lc.unsqueeze(-3)
+            Lc = Lc.expand(torch.broadcast_shapes(Lc.shape[:-2], batch) + (M2, M2))
         return dist.MultivariateNormal(zeros, scale_tril=Lc)
 
     def _v_scale(self, Lc):
