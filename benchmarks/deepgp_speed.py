@@ -53,9 +53,10 @@ def gpytorch_dgp(Z0, Z1):
             s = gpytorch.variational.VariationalStrategy(self, Z, q, learn_inducing_locations=True)
             super().__init__(s, Z.shape[-1], output_dims)
             D = Z.shape[-1]
-            self.mean_module = gpytorch.means.LinearMean(D) if linear else gpytorch.means.ConstantMean(batch_shape=batch)
-            self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch, ard_num_dims=D),
-                                                             batch_shape=batch)
+            means = gpytorch.means
+            self.mean_module = means.LinearMean(D) if linear else means.ConstantMean(batch_shape=batch)
+            rbf = gpytorch.kernels.RBFKernel(batch_shape=batch, ard_num_dims=D)
+            self.covar_module = gpytorch.kernels.ScaleKernel(rbf, batch_shape=batch)
 
         def forward(self, x):
             return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
@@ -73,6 +74,49 @@ def gpytorch_dgp(Z0, Z1):
     return Model()
 
 
+def measure(dtype, dim: int, repeats: int) -> dict:
+    """One row: the median (and minimum) time per step of both models in ``dtype``, measured alternately."""
+    import gpytorch
+
+    torch.set_default_dtype(dtype)
+    torch.manual_seed(0)
+    X = torch.randn(N, dim)
+    y = torch.sin(X.sum(-1))
+    Z0 = X[torch.randperm(N)[:M]].expand(WIDTH, M, dim).clone()  # per-output inducing inputs, as GPyTorch
+    Z1 = torch.randn(M, WIDTH)
+    a = ours(X, Z0, Z1)
+    b = gpytorch_dgp(Z0.clone(), Z1.clone())
+    mll = gpytorch.mlls.DeepApproximateMLL(gpytorch.mlls.VariationalELBO(b.likelihood, b, N))
+    opt_a = torch.optim.Adam(a.parameters(), lr=0.01)
+    opt_b = torch.optim.Adam(b.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+
+    def batch():
+        idx = torch.randint(N, (BATCH,), generator=g)
+        return X[idx], y[idx]
+
+    def step_ours():
+        Xb, yb = batch()
+        opt_a.zero_grad(set_to_none=True)
+        loss = -a.analytic_elbo(Xb, yb, num_data=N)
+        loss.backward()
+        opt_a.step()
+
+    def step_gpytorch():
+        Xb, yb = batch()
+        opt_b.zero_grad(set_to_none=True)
+        with gpytorch.settings.num_likelihood_samples(SAMPLES):
+            loss = -mll(b(Xb), yb)
+        loss.backward()
+        opt_b.step()
+
+    stats = time_alternating_stats({"ours": step_ours, "gpytorch": step_gpytorch}, repeats)
+    return {"dtype": str(dtype).replace("torch.", ""), "ours_ms": stats["ours"]["median"],
+                 "gpytorch_ms": stats["gpytorch"]["median"],
+                 "ratio": stats["ours"]["median"] / stats["gpytorch"]["median"],
+                 "ours_min_ms": stats["ours"]["min"], "gpytorch_min_ms": stats["gpytorch"]["min"]}
+
+
 def main():
     p = parser(__doc__)
     p.add_argument("--repeats", type=int, default=None, help="timed steps per contender (default 20; --quick 5)")
@@ -80,48 +124,10 @@ def main():
     args = p.parse_args()
     setup(args)
     print(machine_note(args.threads))
-    import gpytorch
-
     repeats = args.repeats or (5 if args.quick else 20)
     rows = []
     for dtype in (torch.float64, torch.float32):
-        torch.set_default_dtype(dtype)
-        torch.manual_seed(0)
-        X = torch.randn(N, args.dim)
-        y = torch.sin(X.sum(-1))
-        Z0 = X[torch.randperm(N)[:M]].expand(WIDTH, M, args.dim).clone()  # per-output inducing inputs, as GPyTorch
-        Z1 = torch.randn(M, WIDTH)
-        a = ours(X, Z0, Z1)
-        b = gpytorch_dgp(Z0.clone(), Z1.clone())
-        mll = gpytorch.mlls.DeepApproximateMLL(gpytorch.mlls.VariationalELBO(b.likelihood, b, N))
-        opt_a = torch.optim.Adam(a.parameters(), lr=0.01)
-        opt_b = torch.optim.Adam(b.parameters(), lr=0.01)
-        g = torch.Generator().manual_seed(1)
-
-        def batch():
-            idx = torch.randint(N, (BATCH,), generator=g)
-            return X[idx], y[idx]
-
-        def step_ours():
-            Xb, yb = batch()
-            opt_a.zero_grad(set_to_none=True)
-            loss = -a.analytic_elbo(Xb, yb, num_data=N)
-            loss.backward()
-            opt_a.step()
-
-        def step_gpytorch():
-            Xb, yb = batch()
-            opt_b.zero_grad(set_to_none=True)
-            with gpytorch.settings.num_likelihood_samples(SAMPLES):
-                loss = -mll(b(Xb), yb)
-            loss.backward()
-            opt_b.step()
-
-        stats = time_alternating_stats({"ours": step_ours, "gpytorch": step_gpytorch}, repeats)
-        rows.append({"dtype": str(dtype).replace("torch.", ""), "ours_ms": stats["ours"]["median"],
-                     "gpytorch_ms": stats["gpytorch"]["median"],
-                     "ratio": stats["ours"]["median"] / stats["gpytorch"]["median"],
-                     "ours_min_ms": stats["ours"]["min"], "gpytorch_min_ms": stats["gpytorch"]["min"]})
+        rows.append(measure(dtype, args.dim, repeats))
         print(table(rows[-1:], list(rows[-1])), flush=True)
     print(f"# 2-layer DGP, width {WIDTH}, M = {M} per layer (per output), batch {BATCH}, {SAMPLES} samples, "
           f"D = {args.dim}, {repeats} steps each, alternating")

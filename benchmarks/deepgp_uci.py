@@ -73,6 +73,10 @@ def run_one(name, split, model, args):
             "train_s": train_s}
 
 
+def _se(v):
+    return statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else float("nan")
+
+
 def summarize(rows):
     out = []
     keys = sorted({(r["dataset"], r["model"]) for r in rows}, key=lambda k: (k[0], MODELS.index(k[1])))
@@ -80,9 +84,9 @@ def summarize(rows):
         rs = [r for r in rows if r["dataset"] == d and r["model"] == m]
         ll = [r["test_ll"] for r in rs]
         rm = [r["rmse"] for r in rs]
-        se = (lambda v: statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else float("nan"))
-        out.append({"dataset": d, "model": m, "splits": len(rs), "test_ll": statistics.mean(ll), "ll_se": se(ll),
-                    "rmse": statistics.mean(rm), "rmse_se": se(rm), "train_s": statistics.mean(r["train_s"] for r in rs)})
+        out.append({"dataset": d, "model": m, "splits": len(rs), "test_ll": statistics.mean(ll), "ll_se": _se(ll),
+                    "rmse": statistics.mean(rm), "rmse_se": _se(rm),
+                    "train_s": statistics.mean(r["train_s"] for r in rs)})
     return out
 
 
@@ -142,7 +146,8 @@ def main():
                   f"({r['train_s']:.0f} s)", flush=True)
             write_json(args.json, rows)
     summary = summarize(rows)
-    print(f"# {args.steps} steps, {torch.get_default_dtype()}, M = {args.M}, batch {args.batch}, lr {args.lr}, {args.test_samples} test samples")
+    print(f"# {args.steps} steps, {torch.get_default_dtype()}, M = {args.M}, batch {args.batch}, lr {args.lr}, "
+          f"{args.test_samples} test samples")
     print(table(summary, ["dataset", "model", "splits", "test_ll", "ll_se", "rmse", "rmse_se", "train_s"]))
     print("\n".join(check_targets(summary)))
     write_json(args.json, rows)

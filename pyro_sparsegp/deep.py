@@ -1,5 +1,6 @@
-r"""Deep Gaussian processes: the doubly stochastic DGP of Salimbeni & Deisenroth (2017) with :class:`~pyro_sparsegp.SVGP`
-and :class:`~pyro_sparsegp.SOLVEGP` layers (the deep SOLVE-GP of Shi, Titsias, Mnih 2020, section 4, eq. 11).
+r"""Deep Gaussian processes: the doubly stochastic DGP of Salimbeni & Deisenroth (2017) with
+:class:`~pyro_sparsegp.SVGP` and :class:`~pyro_sparsegp.SOLVEGP` layers (the deep SOLVE-GP of Shi, Titsias, Mnih
+2020, section 4, eq. 11).
 
 Layers ``l = 1..L`` with ``F^0 = X``; layer ``l`` has ``D_l`` outputs, a mean function ``m_l`` and inducing outputs
 ``U^l = g_l(Z^{l-1})``. The variational family keeps the exact conditionals,
@@ -25,7 +26,10 @@ site               model                                       guide
 =================  ==========================================  ==========================================
 
 so ``Trace_ELBO`` (any number of vectorised particles) is an unbiased estimate of the DGP bound (eq. 11 for
-SOLVE-GP layers); ``marginalize_last=False`` samples the last layer's ``u`` and ``f`` instead (same bound, higher
+SOLVE-GP layers); prefer ``TraceMeanField_ELBO``, which takes the KL of the ``u`` sites in closed form: a hidden
+``q(u)`` started at scale ``1e-5`` soon has a very ill-conditioned Cholesky factor (Adam moves its off-diagonal
+entries by ``lr`` per step and its log-parameterised diagonal by a factor ``exp(lr)``), and a sampled ``log q(u)``
+then loses its precision; ``marginalize_last=False`` samples the last layer's ``u`` and ``f`` instead (same bound, higher
 variance). :meth:`DeepGP.analytic_elbo` is Salimbeni's own estimator (``S`` samples propagated through the layers'
 marginals, analytic KL), which ``fit(..., elbo="analytic")`` maximises. Prediction is the mixture of ``S`` Gaussians
 (Salimbeni section 3.3): :meth:`DeepGP.predictive_log_prob` takes the logsumexp over the samples.

@@ -104,7 +104,8 @@ def test_solvegp_layers_at_the_orthogonal_prior_equal_svgp_layers(whiten):
 
 
 def _dense_q(k, Z, m, S, x, mean):
-    """q(f(x)) of an unwhitened layer by dense solves: mean(x) + k_xZ Kzz^-1 m, k_xx - k_xZ Kzz^-1 (Kzz - S) Kzz^-1 k_Zx."""
+    """q(f(x)) of an unwhitened layer by dense solves:
+    mean(x) + k_xZ Kzz^-1 m, k_xx - k_xZ Kzz^-1 (Kzz - S) Kzz^-1 k_Zx."""
     Kzz = k(Z) + 1e-10 * torch.eye(Z.shape[0])
     a = torch.linalg.solve(Kzz, k(Z, x))  # [M, n]
     loc = mean + (a * m.unsqueeze(-1)).sum(0)
