@@ -31,8 +31,8 @@ SOLVE-GP layers); prefer ``TraceMeanField_ELBO``, which takes the KL of the ``u`
 entries by ``lr`` per step and its log-parameterised diagonal by a factor ``exp(lr)``), and a sampled ``log q(u)``
 then loses its precision. ``marginalize_last=False`` samples the last layer's ``u`` and ``f`` instead (same bound,
 higher variance). :meth:`DeepGP.analytic_elbo` is Salimbeni's own estimator (``S`` samples propagated through the
-layers' marginals, analytic KL), which ``fit(..., elbo="analytic")`` maximises. Prediction is the mixture of ``S`` Gaussians
-(Salimbeni section 3.3): :meth:`DeepGP.predictive_log_prob` takes the logsumexp over the samples.
+layers' marginals, analytic KL), which ``fit(..., elbo="analytic")`` maximises. Prediction is the mixture of ``S``
+Gaussians (Salimbeni section 3.3): :meth:`DeepGP.predictive_log_prob` takes the logsumexp over the samples.
 
 Shapes (``S`` samples, ``B`` points, ``D_l`` outputs of layer ``l``): hidden samples ``[S, B, D_l]`` from
 :meth:`DeepGP.propagate` (``[S, 1, B, D_l]`` as the next layer's inputs, see :func:`~pyro_sparsegp.layers.as_inputs`);
