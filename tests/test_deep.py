@@ -310,3 +310,21 @@ def test_initialisation():
     assert torch.equal(l1.mean_function.W, torch.eye(2, 6))
     torch.testing.assert_close(l0.q_u.u_scale_tril, 1e-5 * torch.eye(10).expand(2, 10, 10))
     torch.testing.assert_close(l2.q_u.u_scale_tril, torch.eye(10))
+
+
+def test_subsampling_plate_and_num_data_scale_alike():
+    """``subsample_size`` (the plate draws the minibatch) and ``num_data`` (X is the minibatch) both scale the
+    likelihood by N / B."""
+    X, y = _data(N=12)
+    dgp = build_deep_gp(X, [2], ps.Gaussian(0.2), num_inducing=4, hidden_scale=0.5)
+    elbo = TraceMeanField_ELBO(num_particles=2, vectorize_particles=True, max_plate_nesting=2)
+    pyro.set_rng_seed(4)
+    tr = pyro.poutine.trace(dgp.guide).get_trace(X, y, subsample_size=5)
+    idx = tr.nodes["dgp.data"]["value"]
+    assert tr.nodes["layer0.f"]["value"].shape == (2, 5)
+    for kwargs, Xb, yb in [({"subsample_size": 5}, X, y), ({"num_data": 12}, X[idx], y[idx])]:
+        gt = pyro.poutine.trace(dgp.guide).get_trace(Xb, yb, **kwargs)
+        mt = pyro.poutine.trace(pyro.poutine.replay(dgp.model, trace=gt)).get_trace(Xb, yb, **kwargs)
+        assert mt.nodes["y"]["scale"] == pytest.approx(12 / 5)
+        assert mt.nodes["y"]["value"].shape[-1] == 5
+        assert torch.isfinite(elbo.differentiable_loss(dgp.model, dgp.guide, Xb, yb, **kwargs))
