@@ -51,7 +51,8 @@ class NonFiniteLossError(FloatingPointError):
     def __init__(self, step: int, loss: float, restored_step: int | None = None, state=None, reason: str = ""):
         where = "the parameters are those it started from" if restored_step is None else (
             f"parameters restored to those of step {restored_step}")
-        why = f"non-finite loss ({loss})" if not reason else reason
+        why = reason or (f"non-finite loss ({loss})" if not math.isfinite(loss) else
+                         f"non-finite gradient (loss {loss})")
         super().__init__(f"{why} at step {step}; {where}; lower the learning rate (lr / natgrad_lr) or check the data")
         self.step, self.loss, self.restored_step, self.state = step, loss, restored_step, state
 
@@ -246,7 +247,7 @@ def _non_finite_state(module) -> bool:
 def _is_numerical(exc, module) -> bool:
     if isinstance(exc, (torch.linalg.LinAlgError, FloatingPointError)):
         return True
-    if not isinstance(exc, (ValueError, RuntimeError)):
+    if not isinstance(exc, (ValueError, RuntimeError, UserWarning)):  # a warning: under warnings-as-errors
         return False
     return bool(_NUMERICAL.search(str(exc))) or _non_finite_state(module)
 
@@ -509,7 +510,7 @@ def fit(
                     natgrad_from_grads_(q, natgrad_lr)
             except NonFiniteLossError:
                 raise
-            except (ValueError, RuntimeError, FloatingPointError) as exc:
+            except Exception as exc:  # noqa: BLE001 - classified: only numerical failures are caught
                 if not _is_numerical(exc, module):
                     raise
                 check_pending(exc)
@@ -517,7 +518,7 @@ def fit(
                 # unless the failure came from its own loss evaluation (then the previous step's)
                 in_update = len(state.losses) > step
                 fail(step, float("nan"), step if in_update else step - 1, exc,
-                     reason=f"numerical failure ({type(exc).__name__}: {exc})")
+                     reason=f"numerical failure ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})")
             step += 1
             state.step = step
             if callback is not None:
