@@ -342,7 +342,7 @@ def fit(
     num_steps = _int("num_steps", num_steps, 0)
     batch_size = _int("batch_size", batch_size, 1)
     lr = _positive("lr", lr)
-    natgrad_lr = _positive("natgrad_lr", natgrad_lr, allow_none=True, high=1.0)
+    natgrad_lr = _positive("natgrad_lr", natgrad_lr, allow_none=True, high=1)
     checkpoint_every = _int("checkpoint_every", checkpoint_every, 0)
     seed = _int("seed", seed, 0)
     if checkpoint_every and not checkpoint:
@@ -353,8 +353,10 @@ def fit(
             raise ValueError(f"the folder of checkpoint {os.fspath(checkpoint)!r} does not exist: {folder}")
         if not os.access(folder, os.W_OK):
             raise ValueError(f"the folder of checkpoint {os.fspath(checkpoint)!r} is not writable: {folder}")
-    if resume is not None:
-        _read_checkpoint(os.fspath(resume))  # fail now, naming the file, not after building everything
+    if resume is not None:  # fail now, naming the file, not after building everything
+        saved_step = int(_read_checkpoint(os.fspath(resume))["step"])
+        if saved_step > num_steps:
+            raise ValueError(f"checkpoint {os.fspath(resume)!r} is at step {saved_step}, beyond num_steps={num_steps}")
     sources = sum(s is not None for s in (X, dataset, loader))
     if sources != 1:
         raise ValueError("fit needs exactly one data source: X and y, dataset=..., or loader=...")
@@ -402,8 +404,6 @@ def fit(
     state = FitState()
     if resume is not None:
         state = load_checkpoint(os.fspath(resume), module, optimizer, expect=run_key if loader is None else None)
-        if state.step > num_steps:
-            raise ValueError(f"checkpoint {os.fspath(resume)!r} is at step {state.step}, beyond num_steps={num_steps}")
     else:
         pyro.set_rng_seed(seed + rank)
     if world > 1:  # every rank starts from rank 0's parameters
@@ -441,9 +441,9 @@ def fit(
         return elbo.differentiable_loss(module.model, module.guide, Xb, yb, num_data=num_data)
 
     # -- loop -------------------------------------------------------------------------------------------------------
-    if sync_every is None:
-        sync_every = 20 if device.type == "cuda" else 1
-    sync_every = 1 if callback is not None else _int("sync_every", sync_every, 1)
+    sync_every = (20 if device.type == "cuda" else 1) if sync_every is None else _int("sync_every", sync_every, 1)
+    if callback is not None:
+        sync_every = 1
     show = progress and rank == 0
     bar = tqdm(total=num_steps, initial=state.step, disable=not show, desc="fit", dynamic_ncols=True)
     running = None
