@@ -83,7 +83,7 @@ class EpochBatchSampler(Sampler):
     def permutation(self, epoch: int) -> torch.Tensor:
         """The permutation of epoch ``epoch`` (``LongTensor [N]``)."""
         g = torch.Generator().manual_seed(self.seed * 100003 + epoch)
-        return torch.randperm(self.num_data, generator=g)
+        return torch.randperm(self.num_data, generator=g, device="cpu")
 
     def __iter__(self):
         step, epoch, perm = self.start_step, None, None

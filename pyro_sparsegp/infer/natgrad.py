@@ -18,7 +18,7 @@ quadrature expected log-likelihood with respect to :math:`(m, S)`, using
 from __future__ import annotations
 
 import torch
-from pyro.distributions.transforms import transform_to
+from pyro.distributions.transforms import LowerCholeskyTransform, transform_to
 
 from ..bounds.polya_gamma import optimal_c, pg_mean
 from ..likelihoods import Gaussian, PolyaGammaLogit
@@ -169,16 +169,32 @@ def natgrad_step_for(likelihood):
 
 # -- natural gradients from the ELBO's own gradient (what fit uses: no second forward pass) ----------------------
 def _constrained_grad(q, name):
-    """Gradient of the loss with respect to the constrained value of the PyroParam ``name`` of ``q``, from the
-    gradient of its unconstrained parameter (element-wise transforms: divide by the transform's derivative)."""
+    """``(value, grad, raw)``: the constrained value of the PyroParam ``name`` of ``q``, the gradient of the loss with
+    respect to it (from that of the unconstrained parameter ``raw``: the lower-Cholesky transform
+    ``x.tril(-1) + diag(exp(diag x))`` has derivative 1 below the diagonal and ``L_ii`` on it) and ``raw`` itself."""
     raw = getattr(q, f"{name}_unconstrained")
-    if raw.grad is None:
-        return None, raw
     transform = transform_to(q._pyro_params[name][0])
-    with torch.enable_grad():  # element-wise: the vector-Jacobian product with ones is the derivative
-        x = raw.detach().requires_grad_(True)
-        (deriv,) = torch.autograd.grad(transform(x), x, torch.ones_like(x))
-    return torch.where(deriv != 0, raw.grad / torch.where(deriv != 0, deriv, 1), 0), raw
+    x = raw.detach()
+    if raw.grad is None:
+        return transform(x), None, raw
+    if isinstance(transform, LowerCholeskyTransform):  # x.tril(-1) + diag(exp(diag x)): derivative 1 and L_ii
+        value = transform(x)
+        grad = raw.grad.tril(-1)
+        grad.diagonal(dim1=-2, dim2=-1).copy_(raw.grad.diagonal(dim1=-2, dim2=-1) / value.diagonal(dim1=-2, dim2=-1))
+        return value, grad, raw
+    if transform is torch.distributions.transforms.identity_transform:
+        return x, raw.grad, raw
+    raise TypeError(f"natural-gradient steps need {name} constrained to real or lower_cholesky, got {transform}")
+
+
+def _set_constrained(q, name, raw, value):
+    """Write the constrained ``value`` into the unconstrained parameter ``raw`` in place."""
+    transform = transform_to(q._pyro_params[name][0])
+    if isinstance(transform, LowerCholeskyTransform):  # value is lower triangular with a positive diagonal
+        raw.copy_(value)
+        raw.diagonal(dim1=-2, dim2=-1).log_()
+    else:
+        raw.copy_(transform.inv(value))
 
 
 @torch.no_grad()
@@ -201,10 +217,11 @@ def natgrad_from_grads_(q, lr: float) -> None:
     .. math:: L' = L\,E,\quad E = J D^{-T} J,\quad D = \mathrm{chol}(JKJ), \qquad
               m' = m - \rho\, L E E^T L^T \nabla_m\ell
 
-    (:math:`J` the exchange matrix; :math:`E` is lower triangular with :math:`EE^T = K^{-1}`). Cost: one Cholesky,
-    one triangular inverse and two products of ``M``-square matrices, independent of the batch: the data enter
-    through the gradient only. The prior enters through the gradient of the KL term, so the step is the same for
-    whitened and plain parameterisations and for any prior covariance (``Kuu``, SOLVE-GP's ``Cvv``).
+    (:math:`J` the exchange matrix; :math:`E` is lower triangular with :math:`EE^T = K^{-1}`, and
+    :math:`L'^T = J D^{-1} J L^T` is one triangular solve). Cost: one product, one Cholesky and one triangular solve
+    of ``M``-square matrices, independent of the batch: the data enter through the gradient only. The prior enters
+    through the gradient of the KL term, so the step is the same for whitened and plain parameterisations and for
+    any prior covariance (``Kuu``, SOLVE-GP's ``Cvv``).
 
     With the closed-form bound on the full data and a Gaussian likelihood, a step of length 1 lands on the optimal
     ``q`` given the other factors (Hensman 2013 eq. 5-6 for q(u); for SOLVE-GP's q(v⊥) the optimum of eq. 8 given
@@ -216,30 +233,25 @@ def natgrad_from_grads_(q, lr: float) -> None:
     """
     if not getattr(q, "learn_scale", False):
         raise ValueError("natgrad_from_grads_ needs a full-covariance GaussianQ (learn_scale=True)")
-    g_m, raw_m = _constrained_grad(q, "u_loc")
-    G, raw_L = _constrained_grad(q, "u_scale_tril")
+    m, g_m, raw_m = _constrained_grad(q, "u_loc")
+    L, G, raw_L = _constrained_grad(q, "u_scale_tril")
     if g_m is None or G is None:
         raise ValueError("natgrad_from_grads_: the variational parameters have no gradient; call backward() first")
-    L = q.u_scale_tril.detach()
-    m = q.u_loc.detach()
-    P = L.mT @ G.tril()
-    Phi = P.tril()
+    Phi = (L.mT @ G).tril_()  # G is lower triangular (the gradient of a lower-triangular parameter)
     Phi.diagonal(dim1=-2, dim2=-1).mul_(0.5)
-    K = lr * (Phi + Phi.mT)
+    K = (Phi + Phi.mT).mul_(lr)
     K.diagonal(dim1=-2, dim2=-1).add_(1.0)
-    Kr = K.flip(-1, -2)  # J K J
-    D, info = torch.linalg.cholesky_ex(Kr)
+    D, info = torch.linalg.cholesky_ex(K.flip(-1, -2))  # chol(J K J)
     if bool((info > 0).any()):
         raise torch.linalg.LinAlgError(
             f"natural-gradient step of length {lr}: the new precision is not positive definite; lower natgrad_lr"
         )
-    eye = torch.eye(D.shape[-1], dtype=D.dtype, device=D.device)
-    E = torch.linalg.solve_triangular(D, eye.expand_as(D), upper=False).mT.flip(-1, -2)  # J D^{-T} J, lower
-    L_new = L @ E
-    t = (L_new.mT @ g_m.unsqueeze(-1))  # E^T L^T g
+    # L' = L J D^{-T} J, i.e. L'^T = J D^{-1} (J L^T): one triangular solve, no inverse, no product
+    L_new = torch.linalg.solve_triangular(D, L.mT.flip(-2), upper=False).flip(-2).mT
+    t = L_new.mT @ g_m.unsqueeze(-1)  # L'^T g
     m_new = m - lr * (L_new @ t).squeeze(-1)
-    raw_m.copy_(transform_to(q._pyro_params["u_loc"][0]).inv(m_new))
-    raw_L.copy_(transform_to(q._pyro_params["u_scale_tril"][0]).inv(L_new.tril()))
+    _set_constrained(q, "u_loc", raw_m, m_new)
+    _set_constrained(q, "u_scale_tril", raw_L, L_new)  # lower triangular: the solve keeps L^T's zeros exactly
 
 
 def natgrad_families(module) -> list:
