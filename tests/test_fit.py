@@ -209,3 +209,21 @@ def test_solvegp_trains_with_natural_gradients():
     fit(gp, X, y, num_steps=200, batch_size=64, lr=0.03, natgrad_lr=0.5, progress=False)
     mean, _ = gp.predict(X)
     assert (mean - torch.sin(2 * X[:, 0])).pow(2).mean().sqrt() < 0.1
+
+
+def test_the_sampler_visits_every_point_once_per_epoch_in_memory_independent_of_n():
+    from pyro_sparsegp.infer.fit import _round_keys, permute_positions
+
+    for n in [1, 2, 3, 7, 64, 1000, 4099]:
+        p = permute_positions(np.arange(n), n, _round_keys(5, 2))
+        assert torch.equal(p.sort().values, torch.arange(n)), n
+    s = EpochBatchSampler(103, 10, seed=1)
+    it = iter(s)
+    epochs = [torch.cat([next(it) for _ in range(s.steps_per_epoch)]) for _ in range(2)]
+    for e in epochs:
+        assert torch.equal(e.sort().values, torch.arange(103))
+    assert not torch.equal(epochs[0], epochs[1])  # a new order each epoch
+    assert torch.equal(epochs[1], s.permutation(1))
+    # a batch of a huge data set costs O(B): positions only, never the whole permutation
+    b = permute_positions(np.arange(5 * 10**11, 5 * 10**11 + 8), 10**12, _round_keys(0, 0))
+    assert b.shape == (8,) and bool(((b >= 0) & (b < 10**12)).all()) and len(set(b.tolist())) == 8

@@ -57,10 +57,41 @@ class NonFiniteLossError(FloatingPointError):
         self.step, self.loss, self.restored_step, self.state = step, loss, restored_step, state
 
 
+_M1, _P = np.uint64(1540483477), np.uint64(4294967291)  # odd multiplier < 2^31, the largest prime < 2^32
+
+
+def _round_keys(seed: int, epoch: int, rounds: int = 4) -> list:
+    g = torch.Generator().manual_seed(seed * 100003 + epoch)
+    return torch.randint(0, 2**31 - 1, (rounds,), generator=g).tolist()
+
+
+def permute_positions(pos, n: int, keys: list) -> torch.Tensor:
+    """A pseudo-random permutation of ``range(n)`` evaluated at the positions ``pos`` (``[B]`` integers), in
+    ``O(B)`` time and memory: a balanced Feistel network on the smallest even number of bits covering ``n``, one
+    round per key (round function: multiply modulo a prime, then an xor-shift), with cycle-walking (positions that
+    land outside ``range(n)`` are permuted again until they land inside, which keeps it a bijection of ``range(n)``).
+    Returns ``LongTensor [B]``."""
+    half = max(1, math.ceil(max(1, (n - 1).bit_length()) / 2))
+    h, mask, s16 = np.uint64(half), np.uint64((1 << half) - 1), np.uint64(16)
+    ks = [np.uint64(k) for k in keys]
+    out = np.asarray(pos, dtype=np.uint64).copy()
+    todo = np.arange(out.size)
+    while todo.size:
+        x = out[todo]
+        left, right = x >> h, x & mask
+        for k in ks:
+            f = ((right + k) * _M1) % _P  # < 2^32 * 2^31: no overflow
+            left, right = right, left ^ ((f ^ (f >> s16)) & mask)
+        out[todo] = (left << h) | right
+        todo = todo[out[todo] >= n]
+    return torch.from_numpy(out.astype(np.int64))
+
+
 class EpochBatchSampler(Sampler):
-    """Minibatch index tensors of a random permutation per epoch, a deterministic function of ``(seed, epoch)``,
-    so that a resumed run sees the same batches as an uninterrupted one. Yields ``LongTensor [B]`` (the last batch
-    of an epoch may be shorter with one rank); the permutation is drawn once per epoch.
+    """Minibatch index tensors of a pseudo-random permutation per epoch, a deterministic function of
+    ``(seed, epoch)``, so that a resumed run sees the same batches as an uninterrupted one. Yields ``LongTensor [B]``
+    (the last batch of an epoch may be shorter with one rank). Each batch is computed from its positions alone
+    (:func:`permute_positions`): memory ``O(B)``, independent of ``N``.
 
     Data-parallel: with ``world_size`` ranks each step draws a global batch of ``batch_size * world_size`` indices
     and rank ``r`` takes the ``r``-th slice; the last incomplete global batch of an epoch is dropped so that every
@@ -81,18 +112,18 @@ class EpochBatchSampler(Sampler):
         return self.num_data // (self.batch_size * self.world_size)
 
     def permutation(self, epoch: int) -> torch.Tensor:
-        """The permutation of epoch ``epoch`` (``LongTensor [N]``)."""
-        g = torch.Generator().manual_seed(self.seed * 100003 + epoch)
-        return torch.randperm(self.num_data, generator=g, device="cpu")
+        """The whole permutation of epoch ``epoch`` (``LongTensor [N]``; for inspection, ``O(N)``)."""
+        return permute_positions(np.arange(self.num_data), self.num_data, _round_keys(self.seed, epoch))
 
     def __iter__(self):
-        step, epoch, perm = self.start_step, None, None
+        step, epoch, keys = self.start_step, None, None
         while True:
             e, pos = divmod(step, self.steps_per_epoch)
             if e != epoch:
-                epoch, perm = e, self.permutation(e)
+                epoch, keys = e, _round_keys(self.seed, e)
             start = (pos * self.world_size + self.rank) * self.batch_size
-            yield perm[start : start + self.batch_size]
+            stop = min(start + self.batch_size, self.num_data)
+            yield permute_positions(np.arange(start, stop), self.num_data, keys)
             step += 1
 
 
