@@ -227,3 +227,13 @@ def test_the_sampler_visits_every_point_once_per_epoch_in_memory_independent_of_
     # a batch of a huge data set costs O(B): positions only, never the whole permutation
     b = permute_positions(np.arange(5 * 10**11, 5 * 10**11 + 8), 10**12, _round_keys(0, 0))
     assert b.shape == (8,) and bool(((b >= 0) & (b < 10**12)).all()) and len(set(b.tolist())) == 8
+
+
+def test_memmap_dataset_pickles_for_dataloader_workers(tmp_path):
+    import pickle
+
+    X, y = torch.randn(20, 2), torch.randn(20)
+    write_npy(tmp_path / "p.npy", X, y)
+    ds = pickle.loads(pickle.dumps(MemmapDataset(tmp_path / "p.npy")))
+    Xb, yb = ds[torch.tensor([3, 1])]
+    torch.testing.assert_close(Xb, X[[1, 3]].to(Xb.dtype))
