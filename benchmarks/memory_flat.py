@@ -7,7 +7,8 @@ For each N the data ``[N, 9]`` float32 (8 inputs and a target; 10^7 rows = 360 M
 a temporary folder (``--dir``, default the system's), then a fresh Python subprocess builds an SVGP (M = 128) and runs
 ``fit(gp, dataset=MemmapDataset(path), num_steps=S, batch_size=1024)`` and prints its peak resident set size (``VmHWM``
 of ``/proc/self/status``; ``ru_maxrss`` where that is missing) and the file's size. The file is read by batches of
-indices only; the page cache that the kernel keeps for it is not the process's resident memory.
+indices only (positional reads, see :mod:`pyro_sparsegp.data_stream`); the page cache that the kernel keeps for it
+is not the process's resident memory.
 
 Rows: ``{"N", "file_mb", "steps", "seconds", "peak_rss_mb", "ratio"}`` with ``ratio`` = peak RSS / peak RSS at the
 smallest N (target: about 1).

@@ -8,8 +8,8 @@ the peak for 10^6 and 10^7 rows). The file is memory-mapped (``numpy.load(mmap_m
 layout, but the rows are read with one positional read (``os.pread``) each where the platform has it: random rows read
 through the mapping make the kernel map whole page-cache folios into the process (measured on Linux 6.18: 1,024 random
 rows of a 343 MB file put 334 MB in the resident set, and took ten times longer), whereas ``pread`` copies just the
-rows. The page cache keeps what it likes of the file, outside the process and reclaimable. ``fit`` draws the batches of an epoch from a
-permutation computed per batch, so it holds no ``O(N)`` index either.
+rows. The page cache keeps what it likes of the file, outside the process and reclaimable. ``fit`` draws the
+batches of an epoch from a permutation computed per batch, so it holds no ``O(N)`` index either.
 """
 
 from __future__ import annotations
