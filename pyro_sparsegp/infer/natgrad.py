@@ -242,10 +242,13 @@ def natgrad_from_grads_(q, lr: float) -> None:
     K = (Phi + Phi.mT).mul_(lr)
     K.diagonal(dim1=-2, dim2=-1).add_(1.0)
     D, info = torch.linalg.cholesky_ex(K.flip(-1, -2))  # chol(J K J)
-    if bool((info > 0).any()):
-        raise torch.linalg.LinAlgError(
-            f"natural-gradient step of length {lr}: the new precision is not positive definite; lower natgrad_lr"
-        )
+    if D.device.type == "cpu":
+        if bool((info > 0).any()):
+            raise torch.linalg.LinAlgError(
+                f"natural-gradient step of length {lr}: the new precision is not positive definite; lower natgrad_lr"
+            )
+    else:  # no host synchronisation: a failed factorisation makes the update NaN, which fit's guard catches
+        D = D + torch.where(info > 0, float("nan"), 0.0).to(D.dtype)[..., None, None]
     # L' = L J D^{-T} J, i.e. L'^T = J D^{-1} (J L^T): one triangular solve, no inverse, no product
     L_new = torch.linalg.solve_triangular(D, L.mT.flip(-2), upper=False).flip(-2).mT
     t = L_new.mT @ g_m.unsqueeze(-1)  # L'^T g
