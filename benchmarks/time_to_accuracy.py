@@ -1,7 +1,7 @@
 """Time to GPyTorch's final test log-likelihood (issue 13, points 2 and 3): SVGP regression on real data sets, ours
 (``fit`` with its defaults, and with natural gradients) beside GPyTorch's SVGP in the same run.
 
-    PYTHONPATH=. python benchmarks/time_to_accuracy.py [--quick] [--json PATH] [--threads T]
+    PYTHONPATH=. python benchmarks/time_to_accuracy.py [--quick] [--json PATH] [--threads T] [--device cuda]
         [--datasets protein,keggundirected,tamielectric] [--sizes 256,1024] [--dtypes float64,float32] [--epochs E]
 
 Setting (the same for every contender): the data set's split 0 (``_common.load_regression``), inputs and targets
@@ -40,6 +40,7 @@ import pyro_sparsegp as ps
 from pyro_sparsegp.infer import fit
 
 B, LR, NOISE = 1024, 0.01, 0.1
+DEVICE = torch.device("cpu")
 
 
 def metrics(mean, var, yt, y_std):
@@ -55,9 +56,11 @@ class Trace:
         self.evaluate, self.every, self.per_epoch = evaluate, every, per_epoch
         self.points, self.excluded, self.start, self.step = [], 0.0, time.perf_counter(), 0
 
-    def tick(self, final=False):
+    def tick(self, final=False, epoch_ends=True):
         self.step += 1
-        if self.step % self.every == 0 or self.step % self.per_epoch == 0 or final:
+        if self.step % self.every == 0 or (epoch_ends and self.step % self.per_epoch == 0) or final:
+            if DEVICE.type == "cuda":
+                torch.cuda.synchronize()
             t = time.perf_counter()
             clock = t - self.start - self.excluded
             self.points.append((self.step, clock, *self.evaluate()))
@@ -91,11 +94,11 @@ def run_gpytorch(X, y, Xt, yt, Z, steps, every, y_std):
     model.train()
     lik.train()
     g = torch.Generator().manual_seed(0)
-    perm, pos = torch.randperm(len(X), generator=g), 0
+    perm, pos = torch.randperm(len(X), generator=g, device="cpu").to(DEVICE), 0
     trace = Trace(evaluate, every, math.ceil(len(X) / B))
     for s in range(steps):
         if pos >= len(X):
-            perm, pos = torch.randperm(len(X), generator=g), 0
+            perm, pos = torch.randperm(len(X), generator=g, device="cpu").to(DEVICE), 0
         idx = perm[pos : pos + B]
         pos += B
         opt.zero_grad()
@@ -114,8 +117,10 @@ def run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr=None):
         return metrics(mean, var + gp.likelihood.noise.detach(), yt, y_std)
 
     trace = Trace(evaluate, every, math.ceil(len(X) / B))
-    fit(gp, X, y, num_steps=steps, batch_size=B, lr=LR, natgrad_lr=natgrad_lr, progress=False,
-        callback=lambda step, loss: trace.tick(final=step == steps))
+    # on a GPU fit reads the loss back every `every` steps (its windows then end where the evaluations fall)
+    sync = every if DEVICE.type == "cuda" else 1
+    fit(gp, X, y, num_steps=steps, batch_size=B, lr=LR, natgrad_lr=natgrad_lr, progress=False, sync_every=sync,
+        callback=lambda step, loss: trace.tick(final=step == steps, epoch_ends=sync == 1))
     return trace
 
 
@@ -133,8 +138,14 @@ def main():
     p.add_argument("--dtypes", default="float64,float32")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--every", type=int, default=None, help="steps between test evaluations")
+    p.add_argument("--device", default="cpu", help="e.g. cuda: everything (data, both libraries) on that device")
     args = p.parse_args()
     setup(args)
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type != "cpu":  # (on the CPU the default-device mode would only add overhead to both sides)
+        torch.set_default_device(DEVICE)
+    print(f"# running on {DEVICE}")
     print(machine_note(torch.get_num_threads()))
     warnings.filterwarnings("ignore")
     datasets = (args.datasets or ("protein" if args.quick else "protein,keggundirected,tamielectric")).split(",")
@@ -145,13 +156,14 @@ def main():
     for name in datasets:
         for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
             torch.set_default_dtype(dtype)
-            X, y, Xt, yt, _, y_std = load_regression(name, dtype=dtype).standardized()
+            X, y, Xt, yt, _, y_std = (t.to(DEVICE) if torch.is_tensor(t) else t
+                                      for t in load_regression(name, dtype=dtype).standardized())
             steps = epochs * math.ceil(len(X) / B)
             print(f"# {name}: {len(X)} train / {len(Xt)} test points, D = {X.shape[1]}, {dtype}, {epochs} epochs "
                   f"= {steps} steps", flush=True)
             for M in sizes:
                 pyro.set_rng_seed(0)
-                Z = X[torch.randperm(len(X))[:M]]
+                Z = X[torch.randperm(len(X), device="cpu")[:M].to(DEVICE)]
                 runs = {
                     "gpytorch": run_gpytorch(X, y, Xt, yt, Z, steps, every, y_std),
                     "ours": run_ours(X, y, Xt, yt, Z, steps, every, y_std),

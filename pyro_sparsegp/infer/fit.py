@@ -361,10 +361,12 @@ def fit(
     :param int seed: seeds the minibatch order (and Pyro's RNG at the start of a fresh run).
     :param checkpoint: path written every ``checkpoint_every`` steps and at the end (its folder must exist).
     :param resume: path of a checkpoint to continue from (same module, batch size, data size and seed).
-    :param callback: ``callback(step, loss)`` after every step (reads the loss every step: ``sync_every = 1``).
+    :param callback: ``callback(step, loss)`` after every step, once its loss is read back (with ``sync_every = k``
+        it is called for the ``k`` steps of a window at the window's end, when the module is at the last of them).
     :param int sync_every: how often the loss is read back from the device to check it and show progress (default
-        1 on the CPU, 20 on a GPU). A numerical failure inside a window restores the parameters copied at the start
-        of the window (or of the previous one if the first step failed).
+        1 on the CPU, where it costs nothing, 20 on a GPU, where each read waits for the device). A numerical failure
+        inside a window restores the parameters copied at the start of the window (or of the previous one if the
+        first step failed).
     :returns: :class:`FitState` with the per-step losses (negative ELBO estimates).
     :raises NonFiniteLossError: on a numerical failure (non-finite loss or gradient, or an error from non-finite
         parameters), after restoring the last good parameters that were kept; it names the step.
@@ -473,8 +475,6 @@ def fit(
 
     # -- loop -------------------------------------------------------------------------------------------------------
     sync_every = (20 if device.type == "cuda" else 1) if sync_every is None else _int("sync_every", sync_every, 1)
-    if callback is not None:
-        sync_every = 1
     show = progress and rank == 0
     bar = tqdm(total=num_steps, initial=state.step, disable=not show, desc="fit", dynamic_ncols=True)
     running = None
@@ -513,7 +513,7 @@ def fit(
             i, value = bad
             fail(window_start + i, value, window_start + i - 1, exc)
 
-    step = state.step
+    step = called = state.step
     try:
         while step < num_steps:
             if (step - window_start) % sync_every == 0:
@@ -552,8 +552,9 @@ def fit(
                      reason=f"numerical failure ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})")
             step += 1
             state.step = step
-            if callback is not None:
-                callback(step, state.losses[-1])
+            while callback is not None and called < len(state.losses):  # the steps whose losses are read back
+                called += 1
+                callback(called, state.losses[called - 1])
             if checkpoint and checkpoint_every and step % checkpoint_every == 0 and rank == 0:
                 check_pending()
                 save_checkpoint(checkpoint, module, optimizer, state, run_key)
