@@ -14,6 +14,8 @@ whitened q(u) starting at the prior, Adam with learning rate 0.01, minibatches o
   training loop over shuffled index batches.
 * ``ours``: ``pyro_sparsegp.infer.fit(gp, X, y, batch_size=1024, lr=0.01)`` with its defaults (the closed-form bound).
 * ``ours_nat``: the same with ``natgrad_lr=0.1`` (natural-gradient steps on q(u), Adam on the rest).
+* ``ours_mc`` (``--extra mc``): ``fit(..., elbo=TraceMeanField_ELBO())``, the one-sample estimator that was the
+  default before the closed-form bound.
 
 The clock runs during training only: the test set is evaluated every ``--every`` steps (and at the end) and that time
 is subtracted. ``test_ll``: mean log predictive density of the test targets in the original units; ``rmse``: in the
@@ -35,6 +37,7 @@ import pyro
 import torch
 from _common import gpytorch_svgp, load_regression, machine_note, parser, setup, table, write_json
 from pyro.contrib.gp.kernels import RBF
+from pyro.infer import TraceMeanField_ELBO
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.infer import fit
@@ -109,7 +112,7 @@ def run_gpytorch(X, y, Xt, yt, Z, steps, every, y_std):
     return trace
 
 
-def run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr=None):
+def run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr=None, elbo=None):
     gp = ps.SVGP(RBF(X.shape[1], lengthscale=torch.ones(X.shape[1])), Z.clone(), ps.Gaussian(noise=NOISE))
 
     def evaluate():
@@ -119,7 +122,8 @@ def run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr=None):
     trace = Trace(evaluate, every, math.ceil(len(X) / B))
     # on a GPU fit reads the loss back every `every` steps (its windows then end where the evaluations fall)
     sync = every if DEVICE.type == "cuda" else 1
-    fit(gp, X, y, num_steps=steps, batch_size=B, lr=LR, natgrad_lr=natgrad_lr, progress=False, sync_every=sync,
+    fit(gp, X, y, num_steps=steps, batch_size=B, lr=LR, natgrad_lr=natgrad_lr, elbo=elbo, progress=False,
+        sync_every=sync,
         callback=lambda step, loss: trace.tick(final=step == steps, epoch_ends=sync == 1))
     return trace
 
@@ -138,6 +142,8 @@ def main():
     p.add_argument("--dtypes", default="float64,float32")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--every", type=int, default=None, help="steps between test evaluations")
+    p.add_argument("--extra", default="", help="'mc': also ours_mc, fit with the one-sample TraceMeanField_ELBO "
+                   "(the former default), to compare the estimators epoch for epoch")
     p.add_argument("--device", default="cpu", help="e.g. cuda: everything (data, both libraries) on that device")
     args = p.parse_args()
     setup(args)
@@ -169,6 +175,8 @@ def main():
                     "ours": run_ours(X, y, Xt, yt, Z, steps, every, y_std),
                     "ours_nat": run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr=0.1),
                 }
+                if "mc" in args.extra:
+                    runs["ours_mc"] = run_ours(X, y, Xt, yt, Z, steps, every, y_std, elbo=TraceMeanField_ELBO())
                 target = runs["gpytorch"].points[-1][2]
                 peer_reach = reach(runs["gpytorch"], target)
                 for model, tr in runs.items():

@@ -171,8 +171,11 @@ def test_a_window_of_unsynchronised_steps_is_the_same_run_and_restores_its_start
     X, y = _data()
     a, b = _gp(), _gp()
     fit(a, X, y, num_steps=23, batch_size=64, progress=False)
-    state = fit(b, X, y, num_steps=23, batch_size=64, progress=False, sync_every=5)
+    seen = []
+    state = fit(b, X, y, num_steps=23, batch_size=64, progress=False, sync_every=5,
+                callback=lambda step, loss: seen.append((step, loss)))
     assert len(state.losses) == 23
+    assert seen == list(enumerate(state.losses, 1))  # every step, in order, once its loss was read back
     _same(a, b)
     # a failure inside a window restores the parameters copied at the window's start
     gp = _gp()
