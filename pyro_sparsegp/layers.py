@@ -26,9 +26,10 @@ from torch.distributions import constraints
 from . import conditionals as cond
 from .distributions import MarginalizedLikelihood
 from .distributions.kl import ConditionalNormal
-from .kernels import expected_input_dim, kernel_diag, kernel_matrix
+from .kernels import kernel_diag, kernel_matrix
 from .likelihoods import Likelihood
 from .linalg import cholesky, project_chol
+from .validation import check_data, check_module_args, check_predict
 from .variational import GaussianQ
 
 __all__ = ["SVGP"]
@@ -111,13 +112,12 @@ class SVGP(PyroModule):
         jitter: float | None = None,
     ):
         super().__init__(name=name)  # parameters are named "<name>.Z", "<name>.q_u.u_loc", ... in Pyro's store
+        check_module_args(kernel, Z, likelihood, num_outputs, jitter)
         if Z.dim() not in (2, 3):
             raise ValueError(f"Z must be [M, D] or [L, M, D], got shape {tuple(Z.shape)}")
         if Z.dim() == 3 and (num_outputs is None or Z.shape[0] != num_outputs):
             raise ValueError(f"Z of shape {tuple(Z.shape)} needs num_outputs == {Z.shape[0]}")
         _check_finite("Z", Z)
-        if expected_input_dim(kernel) not in (None, Z.shape[-1]):
-            raise ValueError(f"Z has {Z.shape[-1]} features but the kernel expects input_dim={kernel.input_dim}")
         self.kernel = kernel
         self.Z = PyroParam(Z.clone(), constraints.real)
         self.likelihood = likelihood
@@ -255,7 +255,8 @@ class SVGP(PyroModule):
             return pyro.plate(f"{self.name}.data", N, subsample_size=subsample_size, dim=-1, device=device)
         return pyro.plate(f"{self.name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
 
-    def _check_data(self, X, y):
+    def _check_data(self, X, y, subsample_size=None, num_data=None):
+        check_data(self, X, y, subsample_size, num_data)
         if X.dim() < 2 or X.shape[-1] != self.Z.shape[-1]:
             raise ValueError(
                 f"X must be [..., N, D] with D = {self.Z.shape[-1]} (the inducing inputs' dimension); "
@@ -289,7 +290,7 @@ class SVGP(PyroModule):
     def model(self, X, y=None, *, subsample_size=None, num_data=None):
         """Generative model. ``subsample_size``: the plate draws a minibatch of ``X``; ``num_data``: ``X`` already
         is a minibatch of a data set of that size (the likelihood is scaled by ``num_data / len(X)``)."""
-        self._check_data(X, y)
+        self._check_data(X, y, subsample_size, num_data)
         u = self.sample_u()
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
             Xb = X if num_data is not None or subsample_size is None else _take(X, idx)
@@ -304,7 +305,7 @@ class SVGP(PyroModule):
     @pyro_method
     def guide(self, X, y=None, *, subsample_size=None, num_data=None):
         """Variational distribution: ``q(u) p(f | u)``."""
-        self._check_data(X, y)
+        self._check_data(X, y, subsample_size, num_data)
         u = self.sample_u(guide=True)
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
             Xb = X if num_data is not None or subsample_size is None else _take(X, idx)
@@ -342,11 +343,14 @@ class SVGP(PyroModule):
 
     @pyro_method
     @torch.no_grad()
-    def predict(self, X: torch.Tensor, full: bool = False):
+    def predict(self, X: torch.Tensor, full: bool = False, batch_size: int | None = None):
         """Mean and variance of ``q(f*)`` at ``X`` ``[..., N, D]`` (no gradients); with ``full=True`` also the
-        predictive distribution of ``y*`` from the likelihood."""
+        predictive distribution of ``y*`` from the likelihood. ``X`` is processed in chunks of ``batch_size`` rows
+        (default: as many as keep the ``[L, M, rows]`` projection within 2^24 elements), so memory is bounded."""
         self._check_data(X, None)
-        mean, var = self.qf(X)
+        batch_size = check_predict(self, full, batch_size)
+        parts = [self.qf(X[..., i : i + batch_size, :]) for i in range(0, max(X.shape[-2], 1), batch_size)]
+        mean, var = (torch.cat(t, -1) for t in zip(*parts, strict=True))
         if full:
             return mean, var, self.likelihood.predictive(mean, var)
         return mean, var
