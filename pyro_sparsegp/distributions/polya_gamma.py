@@ -536,8 +536,9 @@ class PolyaGamma(TorchDistribution):
             i = bad.nonzero()[0]
             raise ValueError(
                 f"PolyaGamma.log_prob: the density of PG(b={b64[tuple(i)].item():g}, c) at x={x64[tuple(i)].item():g} "
-                f"cannot be computed to an absolute error of {math.exp(_LOG_DENSITY_TOL):.0e} / sd (both density series "
-                "cancel there). Exact range: integer b <= 50 (relative error < 1e-6 everywhere); non-integer b up to "
+                f"cannot be computed to an absolute error of {math.exp(_LOG_DENSITY_TOL):.0e} / sd (both density "
+                "series cancel there). Exact range: integer b <= 50 (relative error < 1e-6 everywhere); "
+                "non-integer b up to "
                 "about 20 (up to the mean + 8 sd); beyond, points in the upper bulk are refused, near the mode "
                 "from "
                 "b ~ 55 on (c = 0; a tilt c moves the mass to smaller x, where the series is exact). "
