@@ -9,7 +9,7 @@ Jitter policy (one place, used everywhere):
   :class:`CholeskyJitterWarning` saying which jitter succeeded.
 * If every try fails it raises :class:`torch.linalg.LinAlgError` naming the largest jitter tried. It never returns
   NaN silently.
-* A factorisation that succeeds can still be numerically singular: when a pivot :math:`L_{ii}^2` is less than twice
+* A factorisation that succeeds can still be numerically singular: when a pivot :math:`L_{ii}^2` is less than four times
   the jitter that was added, the jitter (not the matrix) made it positive definite, so the matrix is singular to
   working precision (duplicate or near-duplicate inducing inputs are the usual cause; a rank-one ``Kuu`` from
   all-equal inputs factorises with a ``1e-10`` jitter in float64). Quantities built from its inverse (the
@@ -67,12 +67,12 @@ def _warn_once(cause, message, category, stacklevel=3):
 
 
 def _check_conditioning(A, L, eps, scale):
-    """Warn (once per cause) when some pivot ``L_ii^2`` is below twice the jitter ``eps * scale`` ``[...]``."""
+    """Warn (once per cause) when some pivot ``L_ii^2`` is below four times the jitter ``eps * scale`` ``[...]``."""
     if eps <= 0:
         return
     added = eps * scale
     piv = L.detach().diagonal(dim1=-2, dim2=-1).pow(2)  # [..., M]
-    dominated = piv < 2 * added.unsqueeze(-1)
+    dominated = piv < 4 * added.unsqueeze(-1)
     if not bool(dominated.any()):
         return
     count = int(dominated.sum(-1).max())
