@@ -255,8 +255,8 @@ class SVGP(PyroModule):
             return pyro.plate(f"{self.name}.data", N, subsample_size=subsample_size, dim=-1, device=device)
         return pyro.plate(f"{self.name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
 
-    def _check_data(self, X, y, subsample_size=None, num_data=None):
-        check_data(self, X, y, subsample_size, num_data)
+    def _check_data(self, X, y, subsample_size=None, num_data=None, purpose="model"):
+        check_data(self, X, y, subsample_size, num_data, purpose)
         if X.dim() < 2 or X.shape[-1] != self.Z.shape[-1]:
             raise ValueError(
                 f"X must be [..., N, D] with D = {self.Z.shape[-1]} (the inducing inputs' dimension); "
@@ -326,7 +326,7 @@ class SVGP(PyroModule):
         :class:`~pyro_sparsegp.PolyaGammaLogit` the augmented bound of Wenzel et al. 2019 at the optimal ``c``):
         ``num_data / B * sum_n E_q[log p(y_n | f_n)] - KL[q || p]``, an unbiased estimate of the full-data bound.
         This is what ``fit(..., elbo="analytic")`` maximises."""
-        self._check_data(X, y)
+        self._check_data(X, y, purpose="elbo")
         loc, var = self.qf(X)  # factorises once and keeps the factors for the KL
         kl = self.kl_divergence(consume=True)
         self._cache.clear()
@@ -347,7 +347,7 @@ class SVGP(PyroModule):
         """Mean and variance of ``q(f*)`` at ``X`` ``[..., N, D]`` (no gradients); with ``full=True`` also the
         predictive distribution of ``y*`` from the likelihood. ``X`` is processed in chunks of ``batch_size`` rows
         (default: as many as keep the ``[L, M, rows]`` projection within 2^24 elements), so memory is bounded."""
-        self._check_data(X, None)
+        self._check_data(X, None, purpose="predict")
         batch_size = check_predict(self, full, batch_size)
         parts = [self.qf(X[..., i : i + batch_size, :]) for i in range(0, max(X.shape[-2], 1), batch_size)]
         mean, var = (torch.cat(t, -1) for t in zip(*parts, strict=True))

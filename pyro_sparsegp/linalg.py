@@ -108,7 +108,8 @@ def cholesky(A: torch.Tensor, jitter: float | None = None, max_tries: int = 6) -
     """Lower Cholesky factor of a batch of symmetric positive-definite matrices with jitter escalation.
 
     :param A: ``[..., M, M]`` symmetric matrices.
-    :param jitter: base relative jitter (default :func:`default_jitter`), scaled by the mean diagonal of ``A``.
+    :param jitter: base relative jitter (default :func:`default_jitter`), scaled by the mean diagonal of ``A``;
+        ``0`` tries the exact matrix first and then escalates from :func:`default_jitter`.
     :param max_tries: how many tenfold escalations to try after the first attempt.
     :returns: ``L`` ``[..., M, M]`` with ``L @ L.mT = A + jitter * mean(diag A) * I``.
     :raises torch.linalg.LinAlgError: if the matrix is not positive definite even with the largest jitter.
@@ -135,7 +136,7 @@ def cholesky(A: torch.Tensor, jitter: float | None = None, max_tries: int = 6) -
                 )
             _check_conditioning(A, L, eps, scale)
             return L
-        eps *= 10.0
+        eps = max(eps * 10.0, default_jitter(A.dtype) if attempt == 0 and eps == 0 else 0.0)  # jitter=0: then base
     raise torch.linalg.LinAlgError(
         f"cholesky: matrix of size {A.shape[-1]} is not positive definite even with relative jitter "
         f"{eps / 10:.1e}; check the inputs (duplicate points, NaN) and the kernel hyperparameters"

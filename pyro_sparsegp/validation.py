@@ -156,16 +156,19 @@ def check_orthogonal_inputs(O, Z) -> None:
         raise ValueError(f"O must hold at least one orthogonal inducing input, got shape {tuple(O.shape)}")
 
 
-def check_data(module, X, y, subsample_size=None, num_data=None) -> None:
-    """Data given to ``model``/``guide``/``predict``: types, dtype, rows, minibatch arguments."""
+def check_data(module, X, y, subsample_size=None, num_data=None, purpose="model") -> None:
+    """Data given to ``model``/``guide`` (``purpose="model"``), ``analytic_elbo`` (``"elbo"``: ``y`` required) or
+    ``predict`` (``"predict"``: no rows is fine): types, dtype, rows, minibatch arguments."""
     dtype = module.Z.dtype
     check_tensor(X, "X", dtype)
+    if y is None and purpose == "elbo":
+        raise ValueError("the bound needs the observations: pass y (analytic_elbo(X, y))")
     if y is not None:
         check_tensor(y, "y", floating=False)
         if y.is_complex():
             raise TypeError(f"y must be real, got dtype {y.dtype}")
-        if X.dim() >= 2 and X.shape[-2] == 0:
-            raise ValueError(f"X has no rows (shape {tuple(X.shape)}); give at least one data point")
+    if purpose != "predict" and X.dim() >= 2 and X.shape[-2] == 0:
+        raise ValueError(f"X has no rows (shape {tuple(X.shape)}); give at least one data point")
     N = X.shape[-2] if X.dim() >= 2 else None
     if subsample_size is not None:
         _positive_int(subsample_size, "subsample_size", allow_none=False)
