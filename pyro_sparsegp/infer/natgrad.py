@@ -13,16 +13,26 @@ For a Gaussian likelihood :math:`g` is closed form (Hensman 2013 eqs. 5-6 with t
 the optimal q(u). For other likelihoods :func:`natgrad_step` obtains :math:`g` by automatic differentiation of the
 quadrature expected log-likelihood with respect to :math:`(m, S)`, using
 :math:`\nabla_{\eta_1} = \nabla_m - 2(\nabla_S) m`, :math:`\nabla_{\eta_2} = \nabla_S`.
+
+**Step length and damping.** ``lr`` must be a number in ``(0, 1]`` (``1``: the full step). For the Gaussian and
+Pólya-Gamma steps :math:`g_2` is negative semi-definite, so the new precision
+:math:`(1-\rho)S^{-1} + \rho(K^{-1} - 2g_2)` is positive definite for every such ``lr``. For a likelihood that is
+not log-concave (robust-max), or with a large step on a non-conjugate one, :math:`-2 g_2` can be indefinite and the
+step can leave the positive-definite cone. :func:`natgrad_step` therefore **damps**: it halves the step (separately
+for each output) until the new precision has a Cholesky factor, at most 30 times (then that output is left
+unchanged), and reports a damped step once per process with :class:`NatGradDampingWarning`.
 """
 
 from __future__ import annotations
+
+import numbers
 
 import torch
 from pyro.distributions.transforms import LowerCholeskyTransform, transform_to
 
 from ..bounds.polya_gamma import optimal_c, pg_mean
 from ..likelihoods import Gaussian, PolyaGammaLogit
-from ..linalg import solve_lower
+from ..linalg import _warn_once, solve_lower
 from ..variational import from_natural, to_natural
 
 __all__ = [
@@ -33,7 +43,34 @@ __all__ = [
     "natgrad_from_grads_",
     "natgrad_families",
     "solvegp_natgrad_step",
+    "check_natgrad_lr",
+    "NatGradDampingWarning",
 ]
+
+_MAX_HALVINGS = 30
+
+
+class NatGradDampingWarning(UserWarning):
+    """A natural-gradient step was shortened so that the new precision of q(u) stays positive definite."""
+
+
+def check_natgrad_lr(lr) -> float:
+    """``lr`` as a float in ``(0, 1]``, else ``ValueError`` naming the range."""
+    if isinstance(lr, torch.Tensor) and lr.numel() == 1:
+        lr = lr.item()
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (0.0 < float(lr) <= 1.0):
+        raise ValueError(
+            f"natural-gradient step length must be a number in (0, 1] (1 is the full step, exact for a Gaussian "
+            f"likelihood on the full batch; 0.05-0.5 suits non-conjugate likelihoods), got {lr!r}; to train q(u) "
+            "with Adam instead, leave natgrad_lr=None"
+        )
+    return float(lr)
+
+
+def _check_step_data(svgp, X, y):
+    svgp._check_data(X, y)
+    if svgp.likelihood is None:
+        raise ValueError("natural-gradient steps need a module with a likelihood")
 
 
 def _prior_natural(svgp, Luu):
@@ -52,6 +89,8 @@ def _A(svgp, Luu, W):
 
 
 def _targets(svgp, y):
+    if svgp.likelihood.latent_dim == 1 and y.dtype != svgp.Z.dtype:
+        y = y.to(svgp.Z.dtype)  # integer or boolean labels
     if svgp.num_outputs is not None and svgp.likelihood.latent_dim == 1:
         return y.mT  # [L, B]
     return y
@@ -64,8 +103,10 @@ def _apply(svgp, g1, g2, Luu, lr):
     p2 = _prior_natural(svgp, Luu)
     if svgp.num_outputs is not None and p2.dim() == 2:
         p2 = p2.expand(svgp.num_outputs, *p2.shape)
-    new1 = (1 - lr) * theta1 + lr * g1
-    new2 = (1 - lr) * theta2 + lr * (p2 + g2)
+    rho = _damped_length(theta2, p2 + g2, lr)  # [...]: lr, halved where the step leaves the PD cone
+    r1, r2 = rho.unsqueeze(-1), rho[..., None, None]
+    new1 = (1 - r1) * theta1 + r1 * g1
+    new2 = (1 - r2) * theta2 + r2 * (p2 + g2)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         # data-parallel: the step is linear in each rank's data term, so averaging the new natural parameters
         # over ranks is the step with the averaged (larger-batch) data term
@@ -75,6 +116,32 @@ def _apply(svgp, g1, g2, Luu, lr):
             t.div_(world)
     m, L = from_natural(new1, new2)
     q.set(m, L)
+
+
+def _damped_length(theta2, target2, lr):
+    """Per-output step lengths ``[...]``: ``lr``, halved until ``-2((1-r) theta2 + r target2)`` has a Cholesky
+    factor (``0`` after ``_MAX_HALVINGS``: that output keeps its q(u)); see the module docstring."""
+    rho = torch.full(theta2.shape[:-2], float(lr), dtype=theta2.dtype, device=theta2.device)
+    for _ in range(_MAX_HALVINGS):
+        r = rho[..., None, None]
+        prec = -2.0 * ((1 - r) * theta2 + r * target2)
+        _, info = torch.linalg.cholesky_ex(0.5 * (prec + prec.mT))
+        bad = (info > 0) | ~torch.isfinite(prec).all(-1).all(-1)
+        if not bool(bad.any()):
+            break
+        rho = torch.where(bad, 0.5 * rho, rho)
+    else:
+        rho = torch.where(bad, torch.zeros_like(rho), rho)
+    if bool((rho < lr).any()):
+        _warn_once(
+            ("natgrad-damped",),
+            f"natural-gradient step of length {lr:g} would have made the precision of q(u) indefinite (a "
+            f"non-log-concave likelihood or too long a step); it was shortened to {float(rho.min()):.3g}. Reported "
+            "once; use a smaller natgrad_lr if this recurs.",
+            NatGradDampingWarning,
+            stacklevel=4,
+        )
+    return rho
 
 
 def _squeeze_outputs(svgp, Luu, W, kdiag):
@@ -91,6 +158,8 @@ def gaussian_natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 1.
     on the minibatch ``(X, y)`` of a data set of ``num_data`` points (default: ``len(X)``, the full batch)."""
     if not isinstance(svgp.likelihood, Gaussian):
         raise TypeError("gaussian_natgrad_step needs a Gaussian likelihood; use natgrad_step")
+    lr = check_natgrad_lr(lr)
+    _check_step_data(svgp, X, y)
     with torch.no_grad():
         Luu, W, kdiag = _squeeze_outputs(svgp, *svgp._stats(X, consume=True))
         scale = (num_data or X.shape[-2]) / X.shape[-2]
@@ -104,7 +173,9 @@ def gaussian_natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 1.
 
 def natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 0.1, num_data: int | None = None):
     """Natural-gradient step for q(u) of an :class:`~pyro_sparsegp.SVGP` with any likelihood (expected
-    log-likelihood by the likelihood's quadrature or closed form). See the module docstring."""
+    log-likelihood by the likelihood's quadrature or closed form). See the module docstring (damping)."""
+    lr = check_natgrad_lr(lr)
+    _check_step_data(svgp, X, y)
     with torch.no_grad():
         Luu, W, kdiag = _squeeze_outputs(svgp, *svgp._stats(X, consume=True))
         A = _A(svgp, Luu, W)
@@ -140,6 +211,8 @@ def polya_gamma_natgrad_step(svgp, X, y, lr: float = 1.0, num_data: int | None =
     :math:`\theta_n = \tanh(c_n/2)/(4c_n)`; differentiating the bound gives the PG mean above, and the test
     against the dense optimum confirms it.) ``c`` fixes the local parameters instead of updating them first.
     """
+    lr = check_natgrad_lr(lr)
+    _check_step_data(svgp, X, y)
     with torch.no_grad():
         Luu, W, kdiag = _squeeze_outputs(svgp, *svgp._stats(X, consume=True))
         A = _A(svgp, Luu, W)  # [(L,) M, B]
