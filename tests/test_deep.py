@@ -328,3 +328,17 @@ def test_subsampling_plate_and_num_data_scale_alike():
         assert mt.nodes["y"]["scale"] == pytest.approx(12 / 5)
         assert mt.nodes["y"]["value"].shape[-1] == 5
         assert torch.isfinite(elbo.differentiable_loss(dgp.model, dgp.guide, Xb, yb, **kwargs))
+
+
+def test_fit_with_natural_gradients_on_the_last_layer_only():
+    X, y = _data(N=20)
+    dgp = build_deep_gp(X, [2], ps.Gaussian(0.2), num_inducing=4, hidden_scale=0.5)
+    _randomise(dgp)
+    hidden_q = {k: v.detach().clone() for k, v in dgp.layers[0].q_u.named_parameters()}
+    last_q = dgp.layers[1].q_u.u_loc.detach().clone()
+    state = ps.infer.fit(dgp, X, y, num_steps=3, batch_size=10, lr=0.01, natgrad_lr=0.1, progress=False)
+    assert all(math.isfinite(v) for v in state.losses)
+    assert not torch.equal(dgp.layers[1].q_u.u_loc, last_q)  # natural-gradient steps
+    for k, v in dgp.layers[0].q_u.named_parameters():  # Adam trains the hidden q(u)
+        assert not torch.equal(v, hidden_q[k])
+    assert dgp.natgrad_families() == [dgp.layers[-1].q_u]
