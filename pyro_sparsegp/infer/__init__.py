@@ -1,9 +1,14 @@
 """Inference: natural-gradient steps and the ``fit`` training loop."""
 
 from .fit import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
+from .ep import EPState, ep_log_evidence, ep_surrogate, fit_ep
 from .natgrad import gaussian_natgrad_step, natgrad_step, natgrad_step_for, polya_gamma_natgrad_step
 
 __all__ = [
+    "fit_ep",
+    "EPState",
+    "ep_log_evidence",
+    "ep_surrogate",
     "fit",
     "FitState",
     "NonFiniteLossError",

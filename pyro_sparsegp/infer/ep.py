@@ -66,7 +66,7 @@ from ..kernels import kernel_diag, kernel_matrix
 from ..likelihoods_multiclass import RobustMax
 from ..linalg import cholesky, project_chol
 
-__all__ = ["fit_ep", "EPState", "ep_log_evidence", "ep_refine"]
+__all__ = ["fit_ep", "EPState", "ep_log_evidence", "ep_refine", "ep_surrogate"]
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -418,23 +418,14 @@ def fit_ep(
         else:
             idx = None
         delta = 1.0 if batch else damping * damping_decay**state.iteration
+        yb = y if idx is None else y[idx]
+        ownb = own if idx is None else own[idx]
         with torch.set_grad_enabled(bool(params)):
-            Xb = X if idx is None else X[idx]
-            L, W, d = _fitc_stats(module, Xb)
-            L0, W0, d0 = L.detach(), W.detach(), d.detach()
-            yb = y if idx is None else y[idx]
-            ownb = own if idx is None else own[idx]
-            scale = 1.0 if idx is None else N / len(idx)
-            if method == "ep" and not batch:
-                new, ok, sur_args, logz = _ep_batch(state, W0, d0, y, own, delta)
-            elif method == "ep":
-                new, ok, sur_args = _ep_minibatch(state, L0, W0, d0, yb, ownb, idx)
-            else:
-                new, ok, sur_args, logz = _sep_step(state, L0, W0, d0, yb, ownb, F, scale, delta)
+            L, W, d, new, ok, sur_args, logz = _parts(module, state, X, y, own, F, idx, delta)
             if opt is not None:
                 for p in params:
                     p.grad = None
-                sur = _surrogate(L, W, d, L0, *sur_args, yb, ownb, scale)
+                sur = _surrogate(L, W, d, L.detach(), *sur_args, yb, ownb, 1.0 if idx is None else N / len(idx))
                 sur.backward()
                 if not all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params):
                     raise FloatingPointError("non-finite hyper-parameter gradient in EP; check the kernel and data")
@@ -450,6 +441,38 @@ def fit_ep(
             callback(it, state)
     finish(module, X, y, state)
     return state
+
+
+def _parts(module, state, X, y, own, F, idx, delta):
+    """One refinement's ingredients: live ``(L, W, d)`` on the batch, the deferred site update, validity, the
+    surrogate's frozen arguments and the evidence estimate (``None`` for minibatch EP)."""
+    N = X.shape[0]
+    Xb = X if idx is None else X[idx]
+    yb = y if idx is None else y[idx]
+    ownb = own if idx is None else own[idx]
+    L, W, d = _fitc_stats(module, Xb)
+    L0, W0, d0 = L.detach(), W.detach(), d.detach()
+    logz = None
+    if state.method == "ep" and state.ups is None:
+        new, ok, sur_args, logz = _ep_batch(state, W0, d0, yb, ownb, delta)
+    elif state.method == "ep":
+        new, ok, sur_args = _ep_minibatch(state, L0, W0, d0, yb, ownb, idx if idx is not None else slice(None))
+    else:
+        scale = 1.0 if idx is None else N / len(idx)
+        new, ok, sur_args, logz = _sep_step(state, L0, W0, d0, yb, ownb, F, scale, delta)
+    return L, W, d, new, ok, sur_args, logz
+
+
+def ep_surrogate(module, X: torch.Tensor, y: torch.Tensor, state: EPState) -> torch.Tensor:
+    r"""The scalar whose gradient with respect to the kernel's parameters and ``Z`` is eq. 10 (appendix G) on the
+    full data at the sites in ``state``: ``sum_k [A(theta_p + theta~_k) - A(theta_p)] + sum_{i, k} log Phi(beta_ik)``
+    with the sites and cavities frozen (brief sec. 5). At an EP fixed point its gradient is that of
+    :func:`ep_log_evidence`; its value is not ``log Z``. Leaves ``state`` unchanged."""
+    K = _check_module(module)
+    y = y.long()
+    own = torch.nn.functional.one_hot(y, K).bool()
+    L, W, d, _, _, sur_args, _ = _parts(module, state, X, y, own, _factor_counts(y, K).to(X.dtype), None, 1.0)
+    return _surrogate(L, W, d, L.detach(), *sur_args, y, own, 1.0)
 
 
 @torch.no_grad()
