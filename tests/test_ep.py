@@ -84,7 +84,7 @@ def _dense_ep(gp, X, y, iters=300, damping=0.5):
         Pc = [P[c] - Lam[(f, s)] for s, c in enumerate(cls)]
         hc = [h[c] - eta[(f, s)] for s, c in enumerate(cls)]
         Sc = [torch.linalg.inv(p) for p in Pc]
-        mc = [S @ hh for S, hh in zip(Sc, hc)]
+        mc = [S @ hh for S, hh in zip(Sc, hc, strict=True)]
         a = torch.cat([ups[cls[0], i], -ups[cls[1], i]])
         S = torch.block_diag(*Sc)
         m = torch.cat(mc)
@@ -294,6 +294,15 @@ def test_updates_never_leave_a_non_positive_precision():
     assert math.isfinite(ep_log_evidence(gp, X, y, st))
     mean, var = gp.predict(X)
     assert torch.isfinite(mean).all() and (var > 0).all()
+    # a state with an improper cavity: point 6 (label 0) has C1y = 5 on factor (6, 1) and -4.9 on (6, 2), so q
+    # keeps a precision of 0.1 along its direction and removing the first site leaves 1 - 5 v <= 0
+    z = torch.zeros(16, 3)
+    C1y = z.clone()
+    C1y[6, 1], C1y[6, 2] = 5.0, -4.9
+    bad = EPState("ep", sites=(C1y, z.clone(), z.clone(), z.clone()))
+    st = fit_ep(gp, X, y, num_iters=1, learn_hyperparameters=False, damping=1.0, state=bad)
+    assert st.skipped >= 1 and st.sites[0][6, 1] == 5.0  # skipped, kept as it was
+    assert st.updated + st.skipped == 32
 
 
 @pytest.mark.float64

@@ -89,6 +89,15 @@ class MFSpState:
     bounds: list = field(default_factory=list)
 
 
+def _closure(module, X, y, a, params, state):
+    for p in params:
+        p.grad = None
+    loss = -mfsp_bound(module, X, y, a) / X.shape[0]
+    loss.backward()
+    state.bounds.append(-loss.item() * X.shape[0])
+    return loss
+
+
 @torch.no_grad()
 def _write_q(module, X, y, a):
     L, W, Lb, _ = _pieces(module, X)
@@ -128,15 +137,7 @@ def fit_mfsp(
         if iters <= 0:
             continue
         opt = torch.optim.LBFGS(params, lr=1.0, max_iter=iters, line_search_fn="strong_wolfe")
-
-        def closure():
-            opt.zero_grad()
-            loss = -mfsp_bound(module, X, y, a) / X.shape[0]
-            loss.backward()
-            state.bounds.append(-loss.item() * X.shape[0])
-            return loss
-
-        opt.step(closure)
+        opt.step(lambda params=params: _closure(module, X, y, a, params, state))
     state.a = a.detach()
     _write_q(module, X, y, state.a)
     return state
