@@ -505,8 +505,8 @@ def _ep_batch(state, W, d, y, own, delta):
     g = lambda P: P.T.gather(-1, y[:, None])  # noqa: E731
     new, ok, logcdf = ep_refine(ma, va, mk, vk, g(d), dT)
     ok = ok & (dena > 0) & (denk > 0) & ~own
-    per = logcdf + _delta(g(v), g(m), C1y, C2y, dena.clamp(min=1e-300)) + _delta(v.T, m.T, C1c, C2c,
-                                                                                denk.clamp(min=1e-300))
+    tiny = torch.finfo(d.dtype).tiny  # improper cavities (skipped factors) give -inf here, never NaN
+    per = logcdf + _delta(g(v), g(m), C1y, C2y, dena.clamp(min=tiny)) + _delta(v.T, m.T, C1c, C2c, denk.clamp(min=tiny))
     logz = per.masked_fill(own, 0.0).sum() + _log_norm(Lq, eta).sum()
 
     def apply():
