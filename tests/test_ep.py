@@ -151,9 +151,9 @@ def test_eq6_is_exact_for_two_classes_only():
 
 @pytest.mark.float64
 def test_ep_fixed_point_and_log_z_match_dense_ep():
-    gp, X, y = _problem()
-    st = fit_ep(gp, X, y, method="ep", num_iters=80, learn_hyperparameters=False, damping=0.8, damping_decay=1.0)
-    dense, logz = _dense_ep(gp, X, y, iters=80, damping=0.8)
+    gp, X, y = _problem(N=6)
+    st = fit_ep(gp, X, y, method="ep", num_iters=50, learn_hyperparameters=False, damping=0.8, damping_decay=1.0)
+    dense, logz = _dense_ep(gp, X, y, iters=50, damping=0.8)
     m, S = _q(gp)
     for c, (mc, Sc) in enumerate(dense):
         assert torch.allclose(m[c], mc, atol=1e-6), (m[c], mc)
@@ -168,13 +168,13 @@ def test_two_classes_equal_binary_ep():
     the prior's) is binary EP on f^0 with the probit Phi(+-f / sqrt(d_0 + d_1)) and the same FITC prior (the
     construction of Hernández-Lobato and Hernández-Lobato 2016), written densely here with scalar sites."""
     gp, X, y = _problem(N=10, K=2, M=4, far_last=True)
-    st = fit_ep(gp, X, y, method="ep", num_iters=150, learn_hyperparameters=False, damping=0.5, damping_decay=1.0)
+    st = fit_ep(gp, X, y, method="ep", num_iters=60, learn_hyperparameters=False, damping=0.8, damping_decay=1.0)
     Kuu, ups, d = _dense_pieces(gp, X)
     assert ups[1].abs().max() == 0
     sgn = 1.0 - 2.0 * y  # class 0 -> +1
     u, dd, Kinv = ups[0], d[0] + d[1], torch.linalg.inv(Kuu[0])
     tau, nu = torch.zeros(10), torch.zeros(10)
-    for _ in range(150):
+    for _ in range(60):
         P = Kinv + (u.T * tau) @ u
         S = torch.linalg.inv(P)
         mu = S @ (u.T @ nu)
@@ -185,8 +185,8 @@ def test_two_classes_equal_binary_ep():
         r = torch.exp(-0.5 * z**2) / math.sqrt(2 * math.pi) / Phi(z)
         m_new = m_c + sgn * v_c * r / (dd + v_c).sqrt()
         v_new = v_c - v_c**2 * r * (z + r) / (dd + v_c)
-        tau = 0.5 * (1 / v_new - 1 / v_c) + 0.5 * tau
-        nu = 0.5 * (m_new / v_new - m_c / v_c) + 0.5 * nu
+        tau = 0.8 * (1 / v_new - 1 / v_c) + 0.2 * tau
+        nu = 0.8 * (m_new / v_new - m_c / v_c) + 0.2 * nu
     P = Kinv + (u.T * tau) @ u
     h = u.T @ nu
     mq, Sq = _q(gp)
@@ -202,36 +202,37 @@ def test_two_classes_equal_binary_ep():
 
 
 @pytest.mark.float64
-@pytest.mark.parametrize("name", ["kernel.kern0.lengthscale_unconstrained", "kernel.kern1.variance_unconstrained",
-                                  "Z_unconstrained"])
-def test_eq10_gradient_matches_finite_differences_at_convergence(name):
+def test_eq10_gradient_matches_finite_differences_at_convergence():
+    """At an EP fixed point the surrogate's gradient (eq. 10) equals central differences of log Z_EP, each side
+    re-converged by EP: for a length-scale, the label-noise variance and one inducing input coordinate."""
     gp, X, y = _problem(N=9, whiten=True)
-    st = fit_ep(gp, X, y, num_iters=100, learn_hyperparameters=False, damping=0.8, damping_decay=1.0)
+    st = fit_ep(gp, X, y, num_iters=80, learn_hyperparameters=False, damping=0.8, damping_decay=1.0)
     params = dict(gp.named_parameters())
-    p = params[name]
-    sur = ep_surrogate(gp, X, y, st)
-    (grad,) = torch.autograd.grad(sur, p)
-    idx = (0,) * p.dim()
+    names = ["kernel.kern0.lengthscale_unconstrained", "kernel.kern1.variance_unconstrained", "Z_unconstrained"]
+    grads = torch.autograd.grad(ep_surrogate(gp, X, y, st), [params[n] for n in names])
     h = 1e-4
-    vals = []
-    for sgn in (1, -1):
-        with torch.no_grad():
-            p[idx] += sgn * h
-        s2 = fit_ep(gp, X, y, num_iters=60, learn_hyperparameters=False, damping=0.8, damping_decay=1.0,
-                    state=copy.deepcopy(st))
-        vals.append(ep_log_evidence(gp, X, y, s2))
-        with torch.no_grad():
-            p[idx] -= sgn * h
-    fd = (vals[0] - vals[1]) / (2 * h)
-    assert abs(grad[idx].item() - fd) < 1e-5 * max(1.0, abs(fd)), (grad[idx].item(), fd)
+    for name, grad in zip(names, grads, strict=True):
+        p = params[name]
+        idx = (0,) * p.dim()
+        vals = []
+        for sgn in (1, -1):
+            with torch.no_grad():
+                p[idx] += sgn * h
+            s2 = fit_ep(gp, X, y, num_iters=40, learn_hyperparameters=False, damping=0.8, damping_decay=1.0,
+                        state=copy.deepcopy(st))
+            vals.append(ep_log_evidence(gp, X, y, s2))
+            with torch.no_grad():
+                p[idx] -= sgn * h
+        fd = (vals[0] - vals[1]) / (2 * h)
+        assert abs(grad[idx].item() - fd) < 1e-5 * max(1.0, abs(fd)), (name, grad[idx].item(), fd)
 
 
 @pytest.mark.float64
 def test_sep_with_one_factor_per_class_is_ep():
     gp, X, y = _problem(N=1, K=2, M=2)
-    fit_ep(gp, X, y, method="ep", num_iters=100, learn_hyperparameters=False, damping_decay=1.0)
+    fit_ep(gp, X, y, method="ep", num_iters=40, learn_hyperparameters=False, damping=0.8, damping_decay=1.0)
     m1, S1 = _q(gp)
-    fit_ep(gp, X, y, method="sep", num_iters=100, learn_hyperparameters=False, damping_decay=1.0)
+    fit_ep(gp, X, y, method="sep", num_iters=40, learn_hyperparameters=False, damping=0.8, damping_decay=1.0)
     m2, S2 = _q(gp)
     assert torch.allclose(m1, m2, atol=1e-8) and torch.allclose(S1, S2, atol=1e-8)
 
@@ -328,14 +329,15 @@ def test_predict_is_eq11_in_both_parameterisations():
 
 
 def test_training_raises_the_evidence_and_classifies():
-    """Batch EP and SEP with hyper-parameter learning raise log Z; minibatch SEP runs; all classify held-out data."""
+    """Batch EP with hyper-parameter learning raises log Z; minibatch SEP (Adam on eq. 12) runs; both classify
+    held-out data."""
     gp0, X, y = _problem(N=60, K=3, M=5, noise=0.5)
     ang = 2 * math.pi * y / 3
     X = 0.5 * X + 2.0 * torch.stack([ang.cos(), ang.sin()], -1)  # three well separated clusters
     Xt, yt = X[::3] + 0.01, y[::3]
-    for method, bs in (("ep", None), ("sep", None), ("sep", 20)):
+    for method, bs in (("ep", None), ("sep", 20)):
         gp = copy.deepcopy(gp0)
-        st = fit_ep(gp, X, y, method=method, num_iters=30, batch_size=bs, lr=1e-2)
+        st = fit_ep(gp, X, y, method=method, num_iters=20, batch_size=bs, lr=1e-2)
         if bs is None:
             assert st.log_evidence[-1] > st.log_evidence[1]
         err = (gp.predict(Xt, full=True)[2].probs.argmax(-1) != yt).double().mean()

@@ -210,10 +210,10 @@ def _factor_counts(y, K):
 
 
 # -- surrogate of eq. 10 -----------------------------------------------------------------------------------------
-def _surrogate(L, W, d, L0, W0, Lq, mu, Lam, eta, sides, y, own, scale):
+def _surrogate(L, W, d, L0, Lq, mu, Lam, eta, sides, y, own, scale):
     """Autograd surrogate whose gradient is eq. 10 (eq. 12 with ``scale = N / |B|``), see the module docstring.
 
-    ``L, W, d`` live (functions of the hyper-parameters); ``L0, W0`` their values; ``(Lq, mu)`` the frozen
+    ``L, W, d`` live (functions of the hyper-parameters); ``L0`` the value of ``L``; ``(Lq, mu)`` the frozen
     whitened q (or SEP cavity) the cavities are built from; ``(Lam, eta)`` the frozen tied natural parameters of
     all sites (whitened at ``L0``); ``sides``: ``None`` (SEP: the cavity is ``(Lq, mu)`` itself) or the frozen
     ``(Wold, C1y, C2y, C1c, C2c)`` of EP (``Wold`` ``[K, M, B]``: the sites' directions whitened at ``L0``)."""
@@ -222,11 +222,9 @@ def _surrogate(L, W, d, L0, W0, Lq, mu, Lam, eta, sides, y, own, scale):
     prior = _log_norm(Lb, (R.mT @ eta.unsqueeze(-1)).squeeze(-1)).sum()
     T = torch.linalg.solve_triangular(R.mT, W, upper=True)  # L0^T upsilon(xi)
     tv, tm, Vt = _proj(Lq, mu, T)
-    if sides is None:
-        mean_a = mean_k = tm.T
-        var_a = var_k = tv.T
-        ya, ka = mean_a.gather(-1, y[:, None]), mean_k
-        va, vk = var_a.gather(-1, y[:, None]), var_k
+    if sides is None:  # SEP: one cavity per class
+        ya, ka = tm.T.gather(-1, y[:, None]), tm.T
+        va, vk = tv.T.gather(-1, y[:, None]), tv.T
     else:
         Wold, C1y, C2y, C1c, C2c = sides
         v, m, Vw = _proj(Lq, mu, Wold)
@@ -512,7 +510,7 @@ def _ep_batch(state, W, d, y, own, delta):
     def apply():
         state.sites = tuple(_damp(o, n, ok, delta).masked_fill(own, 0.0) for o, n in zip(sites, new, strict=True))
 
-    return apply, ok, (W, Lq, mu, Lam, eta, (W, C1y, C2y, C1c, C2c)), logz
+    return apply, ok, (Lq, mu, Lam, eta, (W, C1y, C2y, C1c, C2c)), logz
 
 
 @torch.no_grad()
@@ -533,7 +531,7 @@ def _ep_minibatch(state, L0, W, d, y, own, idx):
     # a point moves only if all its K - 1 factors can (its sites are summed on one direction per class)
     ok = ((ok & (dena > 0) & (denk > 0)) | own).all(-1, keepdim=True) & ~own
     old = (C1y, C2y, C1c, C2c)
-    sur = (W, Lq, mu, state.Lam.clone(), state.eta.clone(), (Wold, *old))
+    sur = (Lq, mu, state.Lam.clone(), state.eta.clone(), (Wold, *old))
 
     def apply():
         # old sites on old directions out, new (or kept) sites on the new directions in
@@ -582,4 +580,4 @@ def _sep_step(state, L0, W, d, y, own, F, scale, delta):
         state.Lam = delta * Lam_new + keep[:, None, None] * state.Lam
         state.eta = delta * eta_new + keep[:, None] * state.eta
 
-    return apply, ok, (W,) + sur, logz
+    return apply, ok, sur, logz
