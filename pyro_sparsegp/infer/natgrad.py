@@ -302,7 +302,9 @@ def natgrad_from_grads_(q, lr: float) -> None:
     With the closed-form bound on the full data and a Gaussian likelihood, a step of length 1 lands on the optimal
     ``q`` given the other factors (Hensman 2013 eq. 5-6 for q(u); for SOLVE-GP's q(v⊥) the optimum of eq. 8 given
     q(u), whose fixed point with q(u) is eqs. 28-29 of Shi, Titsias, Mnih 2020). For ``0 < lr <= 1`` and a
-    log-concave likelihood ``K`` is positive definite; a failed factorisation raises.
+    log-concave likelihood ``K`` is positive definite; otherwise the step is damped (halved per output until it is,
+    with a :class:`NatGradDampingWarning` once) on the CPU; on a GPU (no host synchronisation) a failed factorisation
+    makes the update NaN, and ``fit``'s guard restores the last good state and names the step.
 
     :param q: a ``GaussianQ`` with ``learn_scale=True`` whose ``u_loc``/``u_scale_tril`` gradients are populated.
     :param float lr: step length :math:`\rho`.
@@ -315,20 +317,39 @@ def natgrad_from_grads_(q, lr: float) -> None:
         raise ValueError("natgrad_from_grads_: the variational parameters have no gradient; call backward() first")
     Phi = (L.mT @ G).tril_()  # G is lower triangular (the gradient of a lower-triangular parameter)
     Phi.diagonal(dim1=-2, dim2=-1).mul_(0.5)
-    K = (Phi + Phi.mT).mul_(lr)
-    K.diagonal(dim1=-2, dim2=-1).add_(1.0)
-    D, info = torch.linalg.cholesky_ex(K.flip(-1, -2))  # chol(J K J)
+    Psi = Phi + Phi.mT
+    rho = torch.full(Psi.shape[:-2], float(lr), dtype=Psi.dtype, device=Psi.device)  # one length per output
+
+    def factor(rho):
+        K = Psi * rho[..., None, None]
+        K.diagonal(dim1=-2, dim2=-1).add_(1.0)
+        return torch.linalg.cholesky_ex(K.flip(-1, -2))  # chol(J K J)
+
+    D, info = factor(rho)
     if D.device.type == "cpu":
-        if bool((info > 0).any()):
-            raise torch.linalg.LinAlgError(
-                f"natural-gradient step of length {lr}: the new precision is not positive definite; lower natgrad_lr"
+        # damping (the module docstring): halve the step of each output whose new precision would not be positive
+        # definite (a non-log-concave likelihood, or too long a step); after _MAX_HALVINGS that output stays put
+        halvings = 0
+        while bool((info > 0).any()):
+            bad = info > 0
+            rho = torch.where(bad, 0.5 * rho, rho) if halvings < _MAX_HALVINGS else torch.where(bad, 0.0, rho)
+            D, info = factor(rho)
+            halvings += 1
+        if halvings:
+            _warn_once(
+                ("natgrad-damped",),
+                f"natural-gradient step of length {lr:g} would have made the precision of q indefinite (a "
+                f"non-log-concave likelihood or too long a step); it was shortened to {float(rho.min()):.3g}. "
+                "Reported once; use a smaller natgrad_lr if this recurs.",
+                NatGradDampingWarning,
+                stacklevel=3,
             )
     else:  # no host synchronisation: a failed factorisation makes the update NaN, which fit's guard catches
         D = D + torch.where(info > 0, float("nan"), 0.0).to(D.dtype)[..., None, None]
     # L' = L J D^{-T} J, i.e. L'^T = J D^{-1} (J L^T): one triangular solve, no inverse, no product
     L_new = torch.linalg.solve_triangular(D, L.mT.flip(-2), upper=False).flip(-2).mT
     t = L_new.mT @ g_m.unsqueeze(-1)  # L'^T g
-    m_new = m - lr * (L_new @ t).squeeze(-1)
+    m_new = m - rho.unsqueeze(-1) * (L_new @ t).squeeze(-1)
     _set_constrained(q, "u_loc", raw_m, m_new)
     _set_constrained(q, "u_scale_tril", raw_L, L_new)  # lower triangular: the solve keeps L^T's zeros exactly
 
