@@ -42,7 +42,8 @@ def _t(a, dtype):
 
 
 def load_powerplant(dtype=None) -> Split:
-    """UCI power plant, split 0 (8611 train / 957 test rows), raw units (target: net hourly output in MW)."""
+    """UCI power plant, split 0 (8611 train / 957 test rows), raw units (target: net hourly output in MW):
+    a :class:`Split` with ``X_train [8611, 4]``, ``y_train [8611]``, ``X_test [957, 4]``, ``y_test [957]``."""
     with gzip.open(DATA / "powerplant" / "data.txt.gz", "rt") as fh:
         data = np.loadtxt(fh)
     test = np.loadtxt(DATA / "powerplant" / "index_test_0.txt", dtype=int)
@@ -69,6 +70,7 @@ def load_banana(dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
 
 def standardize(train: torch.Tensor, *others: torch.Tensor):
     """Shift and scale by the training mean and standard deviation (per column); returns the transformed tensors
-    followed by ``(mean, std)``."""
+    followed by ``(mean, std)``. ``train [N, D]`` (or ``[N]``) and each of ``others`` ``[T, D]`` keep their shapes;
+    ``mean`` and ``std`` are ``[D]`` (or ``[]``)."""
     mean, std = train.mean(0), train.std(0).clamp(min=1e-12)
     return ((train - mean) / std, *[(o - mean) / std for o in others], mean, std)
