@@ -8,7 +8,8 @@ says that it keeps/broadcasts shapes; it "cites" when it names an equation, a se
 papers' authors. Without ``--all`` only the objects missing something are listed. Methods that override a documented
 base-class method (torch.distributions' ``expand``, ``log_prob``, ``sample``, ...; ``forward`` of a documented
 PyroModule) inherit that documentation and are skipped; a method is covered by its class's citation, and the
-infrastructure modules (``infer.fit``, ``datasets``, ``kernels``, ``linalg``) implement no equation, so need none. The exit status is 0: this is an audit, not a gate.
+infrastructure modules (``infer.fit``, ``datasets``, ``kernels``, ``linalg``) implement no equation, so need none.
+The exit status is 0: this is an audit, not a gate.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def objects(mod):
     """``(qualified name, object, docstring of the enclosing class or "")`` of the module's public API."""
     names = getattr(mod, "__all__", None)
     if names is None:
-        names = [n for n, o in vars(mod).items() if not n.startswith("_") and getattr(o, "__module__", None) == mod.__name__]
+        names = [n for n, o in vars(mod).items()
+                 if not n.startswith("_") and getattr(o, "__module__", None) == mod.__name__]
     for name in names:
         obj = getattr(mod, name, None)
         if inspect.ismodule(obj) or getattr(obj, "__module__", None) != mod.__name__:

@@ -12,7 +12,6 @@ Two folders of the source tree are generated here, at every build, and are not i
 """
 
 import importlib
-import os
 import pkgutil
 import shutil
 import sys
