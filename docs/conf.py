@@ -44,7 +44,8 @@ autodoc_member_order = "bysource"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_typehints = "description"
 autodoc_mock_imports = []
-suppress_warnings = ["myst.header"]  # notebooks may start at any heading level
+# notebooks may start at any heading level, and may hold widget outputs (tqdm) that a static page cannot show
+suppress_warnings = ["myst.header", "mystnb.unknown_mime_type"]
 html_theme = "alabaster"
 html_theme_options = {"description": "Sparse variational GPs as Pyro distributions and guides", "fixed_sidebar": True}
 html_static_path = []
