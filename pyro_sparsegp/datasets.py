@@ -8,6 +8,8 @@ powerplant     9568 x 4         UCI Combined Cycle Power Plant; split 0 of the H
                                 / Gal & Ghahramani 2016 90/10 splits
 snelson        200 x 1          Snelson & Ghahramani 2006 1-D toy data (and 301 test inputs)
 banana         5300 x 2         the 'banana' binary classification set (PMLB copy), labels mapped to {0, 1}
+vehicle        846 x 18         Statlog vehicle silhouettes, 4 classes (PMLB copy; ``data/vehicle/vehicle.tsv.gz``,
+                                read by ``tutorials/multiclass.ipynb``)
 =============  ===============  =============================================================================
 
 Every loader returns float tensors in the default dtype (or ``dtype``).
