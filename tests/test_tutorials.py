@@ -1,4 +1,5 @@
-"""Every tutorial notebook runs end to end (in its smoke-test mode: PYRO_SPARSEGP_SMOKE=1 cuts iterations)."""
+"""Every tutorial notebook runs end to end (in its smoke-test mode: PYRO_SPARSEGP_SMOKE=1 cuts iterations), and the
+data-parallel tutorial's script runs under torchrun with two processes."""
 import os
 from pathlib import Path
 
