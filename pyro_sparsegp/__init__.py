@@ -1,6 +1,6 @@
 """pyro_sparsegp: sparse variational Gaussian processes as Pyro distributions, guides and modules."""
 
-from . import bounds, conditionals, distributions, infer, kernels, likelihoods, linalg, variational
+from . import bounds, composition, conditionals, datasets, distributions, infer, kernels, likelihoods, linalg, variational
 from .layers import SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
 from .likelihoods_multiclass import RobustMax, Softmax
@@ -19,6 +19,8 @@ __all__ = [
     "Softmax",
     "CholeskyJitterWarning",
     "bounds",
+    "composition",
+    "datasets",
     "conditionals",
     "distributions",
     "infer",
