@@ -36,9 +36,10 @@ from .composition import (
 from .composition import plate as data_plate
 from .distributions import MarginalizedLikelihood
 from .distributions.kl import ConditionalNormal
-from .kernels import expected_input_dim, kernel_diag, kernel_matrix
+from .kernels import kernel_diag, kernel_matrix
 from .likelihoods import Likelihood
 from .linalg import cholesky, project_chol, solve_lower
+from .validation import check_data, check_module_args, check_predict
 from .variational import GaussianQ
 
 __all__ = ["SVGP", "as_inputs", "ParamStoreWarning", "UntrainableWarning"]
@@ -159,6 +160,7 @@ class SVGP(PyroModule):
         jitter: float | None = None,
     ):
         super().__init__(name=name)  # parameters are named "<name>.Z", "<name>.q_u.u_loc", ... in Pyro's store
+        check_module_args(kernel, Z, likelihood, num_outputs, jitter)
         _claim_store_names(name)
         piecewise = bool(getattr(likelihood, "piecewise_constant", False))
         if integrate_f is None:
@@ -176,8 +178,6 @@ class SVGP(PyroModule):
         if Z.dim() == 3 and (num_outputs is None or Z.shape[0] != num_outputs):
             raise ValueError(f"Z of shape {tuple(Z.shape)} needs num_outputs == {Z.shape[0]}")
         _check_finite("Z", Z)
-        if expected_input_dim(kernel) not in (None, Z.shape[-1]):
-            raise ValueError(f"Z has {Z.shape[-1]} features but the kernel expects input_dim={kernel.input_dim}")
         self.kernel = kernel
         self.Z = PyroParam(Z.clone(), constraints.real)
         self.likelihood = likelihood
@@ -329,7 +329,8 @@ class SVGP(PyroModule):
             return data_plate(f"{self.name}.data", N, subsample_size=subsample_size, dim=-1, device=device)
         return data_plate(f"{self.name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
 
-    def _check_data(self, X, y):
+    def _check_data(self, X, y, subsample_size=None, num_data=None, purpose="model"):
+        check_data(self, X, y, subsample_size, num_data, purpose)
         if X.dim() < 2 or X.shape[-1] != self.Z.shape[-1]:
             raise ValueError(
                 f"X must be [..., N, D] with D = {self.Z.shape[-1]} (the inducing inputs' dimension); "
@@ -363,7 +364,7 @@ class SVGP(PyroModule):
     def model(self, X, y=None, *, subsample_size=None, num_data=None):
         """Generative model. ``subsample_size``: the plate draws a minibatch of ``X``; ``num_data``: ``X`` already
         is a minibatch of a data set of that size (the likelihood is scaled by ``num_data / len(X)``)."""
-        self._check_data(X, y)
+        self._check_data(X, y, subsample_size, num_data)
         u = self.sample_u()
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
             Xb = X if num_data is not None or subsample_size is None else _take(X, idx)
@@ -379,7 +380,7 @@ class SVGP(PyroModule):
     def guide(self, X, y=None, *, subsample_size=None, num_data=None):
         """Variational distribution: ``q(u) p(f | u)``. Returns the drawn latent values by site name (a dict, as
         Pyro's autoguides do, so that it can be a part of ``AutoGuideList``)."""
-        self._check_data(X, y)
+        self._check_data(X, y, subsample_size, num_data)
         u = self.sample_u(guide=True)
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
             Xb = X if num_data is not None or subsample_size is None else _take(X, idx)
@@ -403,7 +404,7 @@ class SVGP(PyroModule):
         :class:`~pyro_sparsegp.PolyaGammaLogit` the augmented bound of Wenzel et al. 2019 at the optimal ``c``):
         ``num_data / B * sum_n E_q[log p(y_n | f_n)] - KL[q || p]``, an unbiased estimate of the full-data bound.
         This is what ``fit(..., elbo="analytic")`` maximises."""
-        self._check_data(X, y)
+        self._check_data(X, y, purpose="elbo")
         loc, var = self.qf(X)  # factorises once and keeps the factors for the KL
         kl = self.kl_divergence(consume=True)
         self._cache.clear()
@@ -420,12 +421,17 @@ class SVGP(PyroModule):
 
     @layer_method
     @torch.no_grad()
-    def predict(self, X: torch.Tensor, full: bool = False):
+    def predict(self, X: torch.Tensor, full: bool = False, batch_size: int | None = None):
         """Mean and variance of ``q(f*)`` at ``X`` ``[..., N, D]`` (no gradients); with ``full=True`` also the
-        predictive distribution of ``y*`` from the likelihood."""
-        self._check_data(X, None)
+        predictive distribution of ``y*`` from the likelihood, shaped like the training targets (``[..., N]``, or
+        ``[..., N, L]``). ``X`` is processed in chunks of ``batch_size`` rows (default: as many as keep the
+        ``[L, M, rows]`` projection within 2^24 elements), so memory is bounded."""
+        self._check_data(X, None, purpose="predict")
+        batch_size = check_predict(self, full, batch_size)
         multi = self.num_outputs is not None
-        mean, var = self.qf(X.unsqueeze(-3) if multi and X.dim() > 2 else X)  # [..., (L,) N]
+        Xq = X.unsqueeze(-3) if multi and X.dim() > 2 else X
+        parts = [self.qf(Xq[..., i : i + batch_size, :]) for i in range(0, max(X.shape[-2], 1), batch_size)]
+        mean, var = (torch.cat(t, -1) for t in zip(*parts, strict=True))  # [..., (L,) N]
         out = (mean.movedim(-2, -1), var.movedim(-2, -1)) if multi else (mean, var)
         if full:
             if self.likelihood is None:

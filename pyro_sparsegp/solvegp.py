@@ -46,6 +46,7 @@ from .distributions.kl import ConditionalNormal
 from .kernels import kernel_diag, kernel_matrix
 from .layers import SVGP, _check_finite, _XKey
 from .linalg import cholesky, gram, project_chol
+from .validation import check_orthogonal_inputs
 from .variational import GaussianQ
 
 __all__ = ["SOLVEGP"]
@@ -78,6 +79,7 @@ class SOLVEGP(SVGP):
         odvgp=False,
     ):
         super().__init__(kernel, Z, likelihood, num_outputs, whiten, name, integrate_f, jitter)
+        check_orthogonal_inputs(O, Z)
         if O.dim() != Z.dim() or O.shape[-1] != Z.shape[-1] or O.shape[:-2] != Z.shape[:-2]:
             raise ValueError(f"O must be shaped like Z ([..., M2, D] with D = {Z.shape[-1]}); got {tuple(O.shape)}")
         _check_finite("O", O)
