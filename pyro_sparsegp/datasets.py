@@ -8,6 +8,8 @@ powerplant     9568 x 4         UCI Combined Cycle Power Plant; split 0 of the H
                                 / Gal & Ghahramani 2016 90/10 splits
 snelson        200 x 1          Snelson & Ghahramani 2006 1-D toy data (and 301 test inputs)
 banana         5300 x 2         the 'banana' binary classification set (PMLB copy), labels mapped to {0, 1}
+vehicle        846 x 18         Statlog vehicle silhouettes, 4 classes (PMLB copy; ``data/vehicle/vehicle.tsv.gz``,
+                                read by ``tutorials/multiclass.ipynb``)
 =============  ===============  =============================================================================
 
 Every loader returns float tensors in the default dtype (or ``dtype``).
@@ -42,7 +44,8 @@ def _t(a, dtype):
 
 
 def load_powerplant(dtype=None) -> Split:
-    """UCI power plant, split 0 (8611 train / 957 test rows), raw units (target: net hourly output in MW)."""
+    """UCI power plant, split 0 (8611 train / 957 test rows), raw units (target: net hourly output in MW):
+    a :class:`Split` with ``X_train [8611, 4]``, ``y_train [8611]``, ``X_test [957, 4]``, ``y_test [957]``."""
     with gzip.open(DATA / "powerplant" / "data.txt.gz", "rt") as fh:
         data = np.loadtxt(fh)
     test = np.loadtxt(DATA / "powerplant" / "index_test_0.txt", dtype=int)
@@ -69,6 +72,7 @@ def load_banana(dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
 
 def standardize(train: torch.Tensor, *others: torch.Tensor):
     """Shift and scale by the training mean and standard deviation (per column); returns the transformed tensors
-    followed by ``(mean, std)``."""
+    followed by ``(mean, std)``. ``train [N, D]`` (or ``[N]``) and each of ``others`` ``[T, D]`` keep their shapes;
+    ``mean`` and ``std`` are ``[D]`` (or ``[]``)."""
     mean, std = train.mean(0), train.std(0).clamp(min=1e-12)
     return ((train - mean) / std, *[(o - mean) / std for o in others], mean, std)

@@ -141,7 +141,7 @@ class SVGP(PyroModule):
     ==================  ====================  =====================================
     ``model/guide``     ``X [N, D]``, y       ``f [B]`` or ``f [L, B]``
     ``sample_f``        ``X [..., B, D]``     ``f [..., B]`` or ``[..., L, B]``
-    ``predict``         ``X [..., N, D]``     ``(mean, var)`` each ``[..., N]`` or ``[..., L, N]``
+    ``predict``         ``X [..., N, D]``     ``(mean, var)`` each ``[..., N]`` or ``[..., N, L]``
     ==================  ====================  =====================================
 
     ``y`` is ``[N]`` for one output, ``[N, L]`` for ``L`` outputs of an element-wise likelihood and ``[N]`` for a
