@@ -1,6 +1,20 @@
 """pyro_sparsegp: sparse variational Gaussian processes as Pyro distributions, guides and modules."""
 
-from . import bounds, composition, conditionals, datasets, distributions, infer, kernels, likelihoods, linalg, variational
+from . import (
+    bounds,
+    composition,
+    conditionals,
+    datasets,
+    deep,
+    distributions,
+    infer,
+    kernels,
+    likelihoods,
+    linalg,
+    mean_functions,
+    variational,
+)
+from .deep import DeepGP
 from .layers import SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
 from .likelihoods_multiclass import RobustMax, Softmax
@@ -11,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "SVGP",
     "SOLVEGP",
+    "DeepGP",
     "Likelihood",
     "Gaussian",
     "Bernoulli",
@@ -21,11 +36,13 @@ __all__ = [
     "bounds",
     "composition",
     "datasets",
+    "deep",
     "conditionals",
     "distributions",
     "infer",
     "kernels",
     "likelihoods",
     "linalg",
+    "mean_functions",
     "variational",
 ]

@@ -133,6 +133,9 @@ class SVGP(PyroModule):
         the default for likelihoods that are piecewise constant in ``f``, such as robust-max, whose sampled ``f``
         site carries no gradient; ``False`` is refused for them);
         same bound, lower variance) instead of sampling the ``<name>.f`` site.
+    :param mean_function: a :class:`~pyro_sparsegp.mean_functions.MeanFunction` ``m`` (default: zero): the layer
+        models ``f = m(X) + g`` with ``g ~ GP(0, k)`` and ``u = g(Z)``, so ``m(X)`` ``[..., B, L]`` is added, per
+        output, to the mean of ``p(f | u)`` and of ``q(f)`` (Salimbeni & Deisenroth 2017, section 3).
 
     Shapes (``B`` points, ``L`` outputs):
 
@@ -158,6 +161,7 @@ class SVGP(PyroModule):
         name: str = "gp",
         integrate_f: bool | None = None,
         jitter: float | None = None,
+        mean_function=None,
     ):
         super().__init__(name=name)  # parameters are named "<name>.Z", "<name>.q_u.u_loc", ... in Pyro's store
         check_module_args(kernel, Z, likelihood, num_outputs, jitter)
@@ -186,6 +190,10 @@ class SVGP(PyroModule):
         self.name = name
         self.integrate_f = integrate_f
         self.jitter = jitter
+        out = getattr(mean_function, "out_dim", None)
+        if out is not None and out != (num_outputs or 1):
+            raise ValueError(f"the mean function has {out} outputs but the layer has {num_outputs or 1}")
+        self.mean_function = mean_function
         M = Z.shape[-2]
         scale_tril = None
         if not whiten and not sampled_attributes(kernel, names=False):  # start at the prior q(u) = p(u) (no prior draw of theta)
@@ -241,6 +249,22 @@ class SVGP(PyroModule):
             return X.unsqueeze(-3)
         return X
 
+    def _mean(self, X):
+        """The mean function at ``X`` ``[..., B, D]`` laid out like ``f``: ``[..., B]`` or ``[..., L, B]`` (``0.0``
+        without one). ``m(X)`` ``[..., K, B, L]`` with ``K`` in ``{1, L}`` (X's dim -3 stands at f's dim -2):
+        output ``l`` reads row ``l`` (or the only row) of ``X``."""
+        if self.mean_function is None:
+            return 0.0
+        m = self.mean_function(X)
+        L = self.num_outputs or 1
+        if m.shape[-1] != L:
+            raise ValueError(f"the mean function gave {m.shape[-1]} outputs at inputs {tuple(X.shape)}; expected {L}")
+        if self.num_outputs is None:
+            return m.squeeze(-1)
+        if X.dim() == 2 or m.shape[-3] == 1:
+            return (m if X.dim() == 2 else m.squeeze(-3)).mT
+        return torch.diagonal(m, dim1=-3, dim2=-1).mT
+
     # -- distributions ------------------------------------------------------------------------------------------
     @layer_method
     def prior(self, Luu: torch.Tensor | None = None) -> dist.MultivariateNormal:
@@ -281,14 +305,15 @@ class SVGP(PyroModule):
     def _moments(self, X, u, consume):
         """Mean and variance of ``p(f | u)`` at ``X``, each ``[..., B]`` or ``[..., L, B]``."""
         Luu, W, kdiag = self._stats(X, consume)
-        loc = cond.conditional_loc(u, W, None if self.whiten else Luu)
+        loc = cond.conditional_loc(u, W, None if self.whiten else Luu) + self._mean(X)
         return loc, cond.conditional_var(kdiag, W).expand_as(loc)
 
     @layer_method
     def qf(self, X: torch.Tensor, consume: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Marginals of ``q(f)`` at ``X`` (Hensman 2015 eq. 8): ``(mean, var)``."""
         Luu, W, kdiag = self._stats(X, consume)
-        return cond.qf_marginals(W, kdiag, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
+        loc, var = cond.qf_marginals(W, kdiag, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
+        return loc + self._mean(X), var
 
     # -- sites --------------------------------------------------------------------------------------------------
     def _outputs_plate(self, new: bool = False):
@@ -448,7 +473,7 @@ class SVGP(PyroModule):
         terms, proj = self._full_terms(X)
         self._cache.clear()
         cov = kernel_matrix(self.kernel, Xk) - sum(P.mT @ P for P in proj)  # [(L|1,) N, N]
-        mean = 0.0
+        mean = self._mean(X)
         for W, loc, tril, L in terms:
             A = W if L is None else solve_lower(L, W, transpose=True)
             mean = mean + (loc.unsqueeze(-2) @ A).squeeze(-2)
