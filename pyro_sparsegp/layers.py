@@ -130,9 +130,9 @@ class SVGP(PyroModule):
     :param bool whiten: put the prior ``N(0, I)`` on ``v = Luu^{-1} u`` instead of ``N(0, Kuu)`` on ``u``.
     :param str name: prefix of the sample sites.
     :param bool integrate_f: observe ``y`` from :class:`MarginalizedLikelihood` (``f`` integrated out given ``u``;
-        the default for likelihoods that are piecewise constant in ``f``, such as robust-max, whose sampled ``f``
-        site carries no gradient; ``False`` is refused for them);
-        same bound, lower variance) instead of sampling the ``<name>.f`` site.
+        same bound, lower variance) instead of sampling the ``<name>.f`` site. The default (``None``) integrates for
+        likelihoods that are piecewise constant in ``f``, such as robust-max, whose sampled ``f`` site carries no
+        gradient (``False`` warns for them), and samples ``f`` otherwise.
     :param mean_function: a :class:`~pyro_sparsegp.mean_functions.MeanFunction` ``m`` (default: zero): the layer
         models ``f = m(X) + g`` with ``g ~ GP(0, k)`` and ``u = g(Z)``, so ``m(X)`` ``[..., B, L]`` is added, per
         output, to the mean of ``p(f | u)`` and of ``q(f)`` (Salimbeni & Deisenroth 2017, section 3).
@@ -196,7 +196,7 @@ class SVGP(PyroModule):
         self.mean_function = mean_function
         M = Z.shape[-2]
         scale_tril = None
-        if not whiten and not sampled_attributes(kernel, names=False):  # start at the prior q(u) = p(u) (no prior draw of theta)
+        if not whiten and not sampled_attributes(kernel, names=False):  # start at q(u) = p(u) (unless theta is sampled)
             with torch.no_grad():
                 scale_tril = cholesky(kernel_matrix(kernel, Z.detach()), jitter)
         self.q_u = GaussianQ(M, num_outputs, scale_tril)

@@ -74,7 +74,7 @@ class SOLVEGP(SVGP):
         num_outputs=None,
         whiten=True,
         name="gp",
-        integrate_f=False,
+        integrate_f=None,
         jitter=None,
         odvgp=False,
         mean_function=None,
