@@ -20,13 +20,12 @@ import contextlib
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn import PyroModule, PyroParam, pyro_method
-from torch.distributions import constraints
+from pyro.nn import PyroModule, pyro_method
 
 from . import conditionals as cond
 from .distributions import MarginalizedLikelihood
 from .distributions.kl import ConditionalNormal
-from .kernels import expected_input_dim, kernel_diag, kernel_matrix
+from . import inducing as ind
 from .likelihoods import Likelihood
 from .linalg import cholesky, project_chol
 from .variational import GaussianQ
@@ -77,7 +76,9 @@ class SVGP(PyroModule):
     r"""Sparse variational GP (Hensman, Fusi, Lawrence 2013; Hensman, Matthews, Ghahramani 2015).
 
     :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel` (its hyperparameters are trained).
-    :param torch.Tensor Z: initial inducing inputs ``[M, D]`` (shared) or ``[L, M, D]`` (one set per output).
+    :param Z: initial inducing inputs ``[M, D]`` (shared) or ``[L, M, D]`` (one set per output), or any
+        :class:`~pyro_sparsegp.inducing.InducingVariables` (e.g. inducing patches of a convolutional kernel); read
+        back as ``gp.Z`` (the tensor) and ``gp.inducing`` (the module).
     :param likelihood: a :class:`~pyro_sparsegp.likelihoods.Likelihood`, or ``None`` for a hidden layer.
     :param int num_outputs: ``L`` independent outputs (``None``: a single output).
     :param bool whiten: put the prior ``N(0, I)`` on ``v = Luu^{-1} u`` instead of ``N(0, Kuu)`` on ``u``.
@@ -110,16 +111,14 @@ class SVGP(PyroModule):
         integrate_f: bool = False,
         jitter: float | None = None,
     ):
-        super().__init__(name=name)  # parameters are named "<name>.Z", "<name>.q_u.u_loc", ... in Pyro's store
-        if Z.dim() not in (2, 3):
-            raise ValueError(f"Z must be [M, D] or [L, M, D], got shape {tuple(Z.shape)}")
+        super().__init__(name=name)  # parameters are named "<name>.inducing.Z", "<name>.q_u.u_loc", ... in Pyro's store
+        inducing = ind.as_inducing(Z)  # a tensor Z: inducing points; or inducing patches (pyro_sparsegp.inducing)
+        Z = inducing.Z
         if Z.dim() == 3 and (num_outputs is None or Z.shape[0] != num_outputs):
             raise ValueError(f"Z of shape {tuple(Z.shape)} needs num_outputs == {Z.shape[0]}")
-        _check_finite("Z", Z)
-        if expected_input_dim(kernel) not in (None, Z.shape[-1]):
-            raise ValueError(f"Z has {Z.shape[-1]} features but the kernel expects input_dim={kernel.input_dim}")
+        inducing.check(kernel)
         self.kernel = kernel
-        self.Z = PyroParam(Z.clone(), constraints.real)
+        self.inducing = inducing
         self.likelihood = likelihood
         self.num_outputs = num_outputs
         self.whiten = whiten
@@ -130,9 +129,22 @@ class SVGP(PyroModule):
         scale_tril = None
         if not whiten:  # start at the prior q(u) = p(u)
             with torch.no_grad():
-                scale_tril = cholesky(kernel_matrix(kernel, Z.detach()), jitter)
+                scale_tril = cholesky(ind.Kuu(inducing, kernel), jitter)
         self.q_u = GaussianQ(M, num_outputs, scale_tril)
         self._cache = {}
+
+    @property
+    def Z(self) -> torch.Tensor:
+        """The inducing inputs (or inducing patches) ``[M, d]`` or ``[L, M, d]``: ``self.inducing.Z``."""
+        return self.inducing.Z
+
+    @Z.setter
+    def Z(self, value):
+        self.inducing.Z = value
+
+    @Z.deleter
+    def Z(self):
+        del self.inducing.Z
 
     # -- covariances, computed once per ELBO evaluation ---------------------------------------------------------
     def _param_key(self):
@@ -143,7 +155,7 @@ class SVGP(PyroModule):
         key = ("luu", self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
-        Kuu = kernel_matrix(self.kernel, self.Z)
+        Kuu = ind.Kuu(self.inducing, self.kernel)
         out = (Kuu, cholesky(Kuu, self.jitter))
         if not consume:
             self._cache = {key: out}
@@ -166,9 +178,9 @@ class SVGP(PyroModule):
         Kuu, Luu = self._kuu_chol(consume)
         Z = self.Z
         Xk = X if Z.dim() == 2 else X.unsqueeze(-3)  # per-output Z: [..., 1, B, D]
-        Kuf = kernel_matrix(self.kernel, Z, Xk)  # [..., (L,) M, B]
+        Kuf = ind.Kuf(self.inducing, self.kernel, Xk)  # [..., (L,) M, B]
         (W,) = project_chol(Kuu, Luu, Kuf)  # W = Luu^{-1} Kuf, gradient straight to Kuu
-        kdiag = kernel_diag(self.kernel, X)  # [..., B]
+        kdiag = ind.Kff_diag(self.kernel, X)  # [..., B]
         if self.num_outputs is not None:
             kdiag = kdiag.unsqueeze(-2)
             if Z.dim() == 2:
@@ -256,9 +268,10 @@ class SVGP(PyroModule):
         return pyro.plate(f"{self.name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
 
     def _check_data(self, X, y):
-        if X.dim() < 2 or X.shape[-1] != self.Z.shape[-1]:
+        D = self.inducing.input_dim(self.kernel)
+        if X.dim() < 2 or X.shape[-1] != D:
             raise ValueError(
-                f"X must be [..., N, D] with D = {self.Z.shape[-1]} (the inducing inputs' dimension); "
+                f"X must be [..., N, D] with D = {D} (the inputs' dimension for the inducing variables); "
                 f"got shape {tuple(X.shape)}"
             )
         _check_finite("X", X)
