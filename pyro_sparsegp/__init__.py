@@ -1,6 +1,21 @@
 """pyro_sparsegp: sparse variational Gaussian processes as Pyro distributions, guides and modules."""
 
-from . import bounds, conditionals, distributions, infer, kernels, likelihoods, linalg, variational
+from . import (
+    bounds,
+    conditionals,
+    conv,
+    distributions,
+    inducing,
+    infer,
+    kernels,
+    kernels_conv,
+    likelihoods,
+    linalg,
+    variational,
+)
+from .conv import ConvLayer, DeepConvGP
+from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints
+from .kernels_conv import TICK, ConvKernel
 from .layers import SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
 from .likelihoods_multiclass import RobustMax, Softmax
@@ -11,6 +26,13 @@ __version__ = "0.1.0"
 __all__ = [
     "SVGP",
     "SOLVEGP",
+    "ConvKernel",
+    "TICK",
+    "InducingPoints",
+    "InducingPatches",
+    "IndexedInducingPatches",
+    "ConvLayer",
+    "DeepConvGP",
     "Likelihood",
     "Gaussian",
     "Bernoulli",
@@ -20,6 +42,9 @@ __all__ = [
     "CholeskyJitterWarning",
     "bounds",
     "conditionals",
+    "conv",
+    "inducing",
+    "kernels_conv",
     "distributions",
     "infer",
     "kernels",

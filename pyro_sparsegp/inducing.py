@@ -1,14 +1,10 @@
 r"""Inducing variables: what ``u`` is, and hence what ``Kuu`` and ``Kuf`` are.
 
-=============================  ==================================  ==========================================
-inducing variable              ``u_m``                             covariances (kernel ``k``)
-=============================  ==================================  ==========================================
-:class:`InducingPoints`        ``f(z_m)``, ``Z [.., M, D]``         ``Kuu = k(Z, Z)``, ``Kuf = k(Z, X)``
-:class:`InducingPatches`       ``g(z_m)``, ``Z [.., M, d]``         ``Kuu = k_g(Z, Z)``,
-                                                                   ``Kuf = c sum_p w_p k_g(z_m, x_n[p])``
-:class:`IndexedInducingPatches` ``g(z_m, tau_m)``, ``+ T [.., M, 2]``  ``Kuu = k_g(Z, Z) k_t(T, T)``,
-                                                                   ``Kuf = c sum_p w_p k_g(z_m, x_n[p]) k_t(tau_m, t_p)``
-=============================  ==================================  ==========================================
+* :class:`InducingPoints`: ``u_m = f(z_m)``, ``Z [.., M, D]``; ``Kuu = k(Z, Z)``, ``Kuf = k(Z, X)``.
+* :class:`InducingPatches`: ``u_m = g(z_m)``, ``Z [.., M, d]``; ``Kuu = k_g(Z, Z)``,
+  ``Kuf = c sum_p w_p k_g(z_m, x_n[p])``.
+* :class:`IndexedInducingPatches`: ``u_m = g(z_m, tau_m)``, plus locations ``T [.., M, 2]``;
+  ``Kuu = k_g(Z, Z) k_t(T, T)``, ``Kuf = c sum_p w_p k_g(z_m, x_n[p]) k_t(tau_m, t_p)``.
 
 Inducing patches are inter-domain inducing variables (Lázaro-Gredilla and Figueiras-Vidal 2009) of the
 convolutional kernels of :mod:`pyro_sparsegp.kernels_conv` (van der Wilk et al. 2017, eqs. 12-13; TICK: Dutordoir et

@@ -23,9 +23,9 @@ import torch
 from pyro.nn import PyroModule, pyro_method
 
 from . import conditionals as cond
+from . import inducing as ind
 from .distributions import MarginalizedLikelihood
 from .distributions.kl import ConditionalNormal
-from . import inducing as ind
 from .likelihoods import Likelihood
 from .linalg import cholesky, project_chol
 from .variational import GaussianQ

@@ -40,8 +40,8 @@ import torch
 from pyro.nn import pyro_method
 
 from . import conditionals as cond
-from .distributions.kl import ConditionalNormal
 from . import inducing as ind
+from .distributions.kl import ConditionalNormal
 from .layers import SVGP, _XKey
 from .linalg import cholesky, gram, project_chol
 from .variational import GaussianQ
