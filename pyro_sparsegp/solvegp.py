@@ -91,7 +91,7 @@ class SOLVEGP(SVGP):
         scale_tril = None
         if not whiten and not odvgp:  # start at the prior q(v⊥) = p(v⊥)
             with torch.no_grad():
-                scale_tril = self._joint_chol(consume=False)[1]
+                scale_tril = self._factors()[1]  # not the pyro_method: the module may still be nested
         self.q_v = GaussianQ(M2, num_outputs, scale_tril, learn_scale=not odvgp)
 
     @property
