@@ -40,7 +40,8 @@ def test_identity_conv_mean_is_the_centre_pixel():
     centre = img[:, 1 : H - 1, 1 : W - 1, :]  # 3x3 patches, stride 1: centres at rows/cols 1..H-2
     torch.testing.assert_close(same.mean_function(X), centre.reshape(4, -1, C))
     other = _hidden(C_out=3)
-    torch.testing.assert_close(other.mean_function(X), centre.mean(-1, keepdim=True).expand(4, 5, 4, 3).reshape(4, 20, 3))
+    mixed = centre.mean(-1, keepdim=True).expand(4, 5, 4, 3).reshape(4, 20, 3)
+    torch.testing.assert_close(other.mean_function(X), mixed)
     assert (_hidden(mean="zero").mean_function(X) == 0).all()
 
 
