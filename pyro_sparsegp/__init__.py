@@ -2,8 +2,10 @@
 
 from . import (
     bounds,
+    composition,
     conditionals,
     conv,
+    datasets,
     distributions,
     inducing,
     infer,
@@ -41,6 +43,8 @@ __all__ = [
     "Softmax",
     "CholeskyJitterWarning",
     "bounds",
+    "composition",
+    "datasets",
     "conditionals",
     "conv",
     "inducing",

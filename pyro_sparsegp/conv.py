@@ -148,16 +148,21 @@ class ConvLayer(PyroModule):
         return self.gp.sample_u(guide)
 
     def _to_map(self, f: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        """``f`` ``[..., C_out, B*P]`` -> feature map ``[..., B, P*C_out]`` plus the mean."""
+        """``f`` ``[..., C_out, B*P]`` -> feature map plus the mean, laid out as the next layer's inputs (the layer
+        contract, :func:`pyro_sparsegp.layers.as_inputs`): ``[B, P*C_out]`` for ``f`` ``[C_out, B*P]``, else
+        ``[..., 1, B, P*C_out]`` (the outputs' plate dimension stays as a singleton)."""
         B, P, C = X.shape[-2], self.num_locations, self.out_channels
-        f = f.reshape(f.shape[:-1] + (B, P)).movedim(-3, -1)  # [..., B, P, C]
-        f = f + self.mean_function(X)
-        return f.reshape(f.shape[:-2] + (P * C,))
+        F = f.reshape(f.shape[:-1] + (B, P)).movedim(-3, -1)  # [..., B, P, C]
+        if f.dim() > 2:
+            F = F.unsqueeze(-4)  # [..., 1, B, P, C]
+        F = F + self.mean_function(X)  # X [..., (1,) B, D] -> [..., (1,) B, P, C]
+        return F.reshape(F.shape[:-2] + (P * C,))
 
     @pyro_method
     def sample(self, X: torch.Tensor, u=None) -> torch.Tensor:
         """Reparameterised per-location, per-channel samples of ``p(F | u)`` at ``X`` ``[..., B, H*W*C_in]`` from
-        the marginals: ``[..., B, P_out*C_out]`` (leading dims: those of ``X`` and ``u`` broadcast). ``u=None``:
+        the marginals: ``[B, P_out*C_out]``, or ``[..., 1, B, P_out*C_out]`` when ``u`` or ``X`` carry particle or
+        plate dimensions (``X``'s dim -3 stands at the outputs' plate dimension, as in every layer). ``u=None``:
         sample the model's site ``<name>.u`` here (after the factorisation, which the prior then reuses)."""
         Xp = self.extract(X)
         self.gp._stats(Xp, consume=False)  # one factorisation, shared with the prior of u sampled next
@@ -169,7 +174,7 @@ class ConvLayer(PyroModule):
     @torch.no_grad()
     def sample_marginal(self, X: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
         """A sample from the marginals of ``q(F)`` (``u`` integrated out; for prediction): ``[..., B, P_out*C_out]``
-        (``[num_samples, ..., B, P_out*C_out]`` with ``num_samples``: the marginals are computed once)."""
+        (``[num_samples, ..., 1, B, P_out*C_out]`` with ``num_samples``: the marginals are computed once)."""
         mean, var = self.gp.qf(self.extract(X))
         shape = mean.shape if num_samples is None else (num_samples,) + mean.shape
         f = mean + var.sqrt() * torch.randn(shape, dtype=mean.dtype, device=mean.device)

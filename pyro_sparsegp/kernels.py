@@ -7,6 +7,24 @@ points ``[L, M, D]``, so this module evaluates the stationary kernels (``RBF``, 
 the Pyro kernel itself (by flattening ``X``) for any other kernel.
 
 Shapes: ``X`` ``[..., N, D]``, ``Z`` ``[..., M, D]`` (leading dimensions broadcast) ->  ``K`` ``[..., N, M]``.
+
+**Accuracy of the distances.** The scaled squared distance is formed as ``|x|^2 + |z|^2 - 2 x.z`` (one matrix
+product, the speed of the GEMM form), whose rounding error is about ``eps (|x|^2 + |z|^2)`` in units of the
+lengthscale squared. Two things keep it exact enough in both dtypes:
+
+* both inputs are **centred** on a common reference (the detached mean of the first argument's rows) before scaling,
+  so an offset common to ``X`` and ``Z`` (years, Unix seconds) cancels exactly instead of entering ``|x|^2``;
+* when the bound ``4 eps (max |x|^2 + max |z|^2)`` of that error still exceeds ``1e-8`` (float64) or ``1e-3``
+  (float32) -- lengthscales tiny against the spread of the inputs -- the distances are computed from the
+  **differences** ``(x - z) / l`` instead (exact to a relative rounding error, ``O(N M D)`` work in row chunks). The
+  exponential kernel, which is not smooth in ``r^2`` at 0 (a rounding error ``d`` of ``r^2`` is an error
+  ``sqrt(d)`` of ``r``), always takes this path.
+
+The diagonal of ``k(X, X)`` (``Z`` omitted) is exactly the variance; squared distances that round below zero are
+clamped (the RBF's bias form leaves them, within the bound above: a value at most ``e^{tol/2}`` times the variance).
+
+**Feature selection.** A kernel acts on the features in its ``active_dims``; inputs may have more features than
+that (``RBF(1, active_dims=[2])`` on ``[N, 3]`` inputs), but not fewer.
 """
 
 from __future__ import annotations
@@ -16,41 +34,155 @@ import math
 import torch
 from pyro.contrib.gp import kernels as pk
 
-__all__ = ["kernel_matrix", "kernel_diag", "expected_input_dim"]
+__all__ = ["kernel_matrix", "kernel_diag", "expected_input_dim", "required_features"]
+
+
+def _active(kernel):
+    """The feature indices a kernel acts on (a list of ints), or ``None`` for a kernel without ``active_dims``."""
+    ad = getattr(kernel, "active_dims", None)
+    if ad is None:
+        return None
+    if isinstance(ad, slice):
+        return list(range(kernel.input_dim))[ad] if ad.stop is not None else None
+    return [int(i) for i in ad]
 
 
 def expected_input_dim(kernel) -> int | None:
-    """Number of input features a kernel takes, or ``None`` when it selects features with ``active_dims``."""
-    ad = kernel.active_dims
-    if ad is None or (isinstance(ad, slice) and ad == slice(kernel.input_dim)):
+    """Number of input features a kernel takes when it acts on all of them (its ``active_dims`` are Pyro's default
+    ``0..input_dim-1``), or ``None`` when it selects other features with ``active_dims``."""
+    ad = _active(kernel)
+    if ad is None or ad == list(range(kernel.input_dim)):
         return kernel.input_dim
-    if isinstance(ad, (list, tuple)) and list(ad) == list(range(kernel.input_dim)):
-        return kernel.input_dim  # Pyro's default: every feature
     return None
 
 
+def required_features(kernel) -> int:
+    """The fewest input features a kernel can take: one more than the largest index in its ``active_dims``."""
+    ad = _active(kernel)
+    if not ad:
+        return getattr(kernel, "input_dim", 0)
+    return max(ad) + 1
+
+
 def _slice(kernel, X):
-    if expected_input_dim(kernel) is not None:
+    ad = _active(kernel)
+    if ad is None or (X.shape[-1] == len(ad) and ad == list(range(len(ad)))):
         return X
-    return X[..., kernel.active_dims]
+    return X[..., ad]
 
 
-def _scaled_sqdist(kernel, X, Z):
-    ls = kernel.lengthscale
-    Xs = X / ls
-    Zs = Z / ls
+def _check(kernel, X, Z):
+    need = required_features(kernel)
+    if X.shape[-1] < need:
+        raise ValueError(
+            f"kernel {type(kernel).__name__} acts on features {_active(kernel)} (input_dim={kernel.input_dim}), "
+            f"but X has only {X.shape[-1]} (shape {tuple(X.shape)}); build the kernel with input_dim equal to the "
+            "number of features, or select features with active_dims"
+        )
+    if Z is not None and Z.shape[-1] != X.shape[-1]:
+        raise ValueError(
+            f"inputs have different numbers of features: {X.shape[-1]} and {Z.shape[-1]} "
+            f"(shapes {tuple(X.shape)} and {tuple(Z.shape)})"
+        )
+
+
+# the largest rounding error of a squared scaled distance the GEMM form may make, by dtype (a relative error of
+# about half of it in the kernel's values)
+_R2_TOL = {torch.float64: 1e-8, torch.float32: 1e-3}
+_CHUNK = 1 << 22  # elements of the [rows, M, D] differences formed at once on the exact path
+
+
+def _hyper(kernel, name: str, event_dim: int = 0) -> torch.Tensor:
+    """A hyperparameter laid out for ``[..., N, M]`` matrices (``event_dim=0``: ``[..., 1, 1]``) or for ``[..., N, D]``
+    inputs (``event_dim=1``, a lengthscale: ``[..., 1, D]``).
+
+    A ``PyroParam`` is used as it is. A ``PyroSample`` drawn under vectorised particles carries batch dimensions laid
+    out like any Pyro site outside the data plate: ``[P, 1, ..., 1]`` ending with the data plate's singleton. Kernel
+    matrices of a layer have the batch dimensions of ``f`` left of the data plate, so that singleton is dropped and
+    matrix dimensions added. The prior's event shape tells the batch from the event (an isotropic lengthscale has
+    event shape ``()``, an ARD one ``[D]``)."""
+    v = getattr(kernel, name)
+    samples = kernel.__dict__.get("_pyro_samples", {})
+    if name not in samples or not torch.is_tensor(v) or v.dim() == 0:
+        return v
+    prior = getattr(kernel, "_priors", {}).get(name, samples[name])
+    ev = len(getattr(prior, "event_shape", ())) if hasattr(prior, "event_shape") else min(v.dim(), event_dim)
+    batch, event = v.shape[: v.dim() - ev], v.shape[v.dim() - ev :]
+    if not batch:
+        return v
+    if batch[-1] != 1:
+        raise ValueError(
+            f"{name} has batch shape {tuple(batch)}: a kernel hyperparameter must be drawn outside the data plate "
+            "(the layer draws it in sample_u; read it there first in a hand-written program)"
+        )
+    v = v.reshape(batch[:-1] + event)
+    if event_dim == 1:
+        return v.unsqueeze(-2) if ev == 1 else v[..., None, None]
+    return v[..., None, None]
+
+
+def _diag_var(var):
+    """The variance of :func:`_hyper` (``[..., 1, 1]`` or scalar) for a diagonal ``[..., N]``."""
+    return var[..., 0] if var.dim() >= 2 else var
+
+
+def _centred(X, Z):
+    """``(X - c, Z - c)`` with ``c`` the detached mean of the rows of ``X``: an offset common to both cancels."""
+    c = X.detach().reshape(-1, X.shape[-1]).mean(0)  # [D]
+    return X - c, Z - c
+
+
+def _gemm_is_exact(x2, z2):
+    """Whether ``x2 + z2 - 2 x.z`` (scaled) errs by less than ``_R2_TOL``: the bound ``4 eps (max x2 + max z2)``."""
+    if x2.numel() == 0 or z2.numel() == 0:
+        return True
+    tol = _R2_TOL.get(x2.dtype, 1e-3)
+    return bool(4 * torch.finfo(x2.dtype).eps * (x2.detach().max() + z2.detach().max()) <= tol)
+
+
+def _sqdist_by_differences(Xc, Zc, ls):
+    """``sum_d ((x_d - z_d) / l_d)^2`` ``[..., N, M]`` from the differences of the unscaled, uncentred inputs (exact
+    to a relative rounding error: ``x - z`` rounds to nothing for close points), in chunks of rows of ``Xc``."""
+    batch = torch.broadcast_shapes(Xc.shape[:-2], Zc.shape[:-2])
+    Zc = Zc.expand(batch + Zc.shape[-2:])
+    rows = max(1, _CHUNK // max(1, Zc.numel()))
+    parts = [
+        ((Xc[..., i : i + rows, None, :] - Zc[..., None, :, :]) / (ls.unsqueeze(-2) if ls.dim() >= 2 else ls))
+        .pow(2)
+        .sum(-1)
+        for i in range(0, Xc.shape[-2], rows)
+    ]
+    if not parts:
+        return Xc.new_zeros(torch.broadcast_shapes(Xc.shape[:-1], Zc.shape[:-2]) + Zc.shape[-2:-1])
+    return torch.cat(parts, -2) if len(parts) > 1 else parts[0]
+
+
+def _zero_diagonal(r2):
+    return torch.diagonal_scatter(r2, torch.zeros_like(r2.diagonal(dim1=-2, dim2=-1)), dim1=-2, dim2=-1)
+
+
+def _scaled_sqdist(kernel, X, Z, square=False, exact=False):
+    """Squared distances ``|x - z|^2 / l^2`` ``[..., N, M]``, clamped at zero; ``square``: ``Z`` is ``X`` (the
+    diagonal is then exactly zero); ``exact``: always from the differences."""
+    ls = _hyper(kernel, "lengthscale", 1)
+    Xc, Zc = _centred(X, Z)
+    Xs, Zs = Xc / ls, Zc / ls
     x2 = (Xs * Xs).sum(-1, keepdim=True)  # [..., N, 1]
     z2 = (Zs * Zs).sum(-1, keepdim=True)  # [..., M, 1]
-    r2 = x2 - 2.0 * (Xs @ Zs.mT) + z2.mT  # [..., N, M]
-    return r2.clamp(min=0)
+    if not exact and _gemm_is_exact(x2, z2):
+        r2 = (x2 - 2.0 * (Xs @ Zs.mT) + z2.mT).clamp(min=0)  # [..., N, M]
+    else:
+        r2 = _sqdist_by_differences(X, Z, ls)  # the raw inputs: x - z is exact for close points
+    return _zero_diagonal(r2) if square else r2
 
 
 def _isotropic(kernel, r2):
-    var = kernel.variance
+    var = _hyper(kernel, "variance")
     if isinstance(kernel, pk.RBF):
         return var * torch.exp(-0.5 * r2)
     if isinstance(kernel, pk.RationalQuadratic):
-        return var * (1 + 0.5 / kernel.scale_mixture * r2).pow(-kernel.scale_mixture)
+        alpha = _hyper(kernel, "scale_mixture")
+        return var * (1 + 0.5 / alpha * r2).pow(-alpha)
     r = (r2 + torch.finfo(r2.dtype).tiny).sqrt() * (r2 > 0)  # zero gradient at r = 0
     if isinstance(kernel, pk.Matern32):
         s = math.sqrt(3) * r
@@ -66,30 +198,29 @@ def _isotropic(kernel, r2):
 _ISOTROPIC = (pk.RBF, pk.RationalQuadratic, pk.Matern32, pk.Matern52, pk.Exponential)
 
 
-def _check(kernel, X, Z):
-    expected = expected_input_dim(kernel)
-    if expected is not None and X.shape[-1] != expected:
-        raise ValueError(
-            f"kernel expects inputs with {kernel.input_dim} features, got X with {X.shape[-1]} (shape {tuple(X.shape)})"
-        )
-    if Z is not None and Z.shape[-1] != X.shape[-1]:
-        raise ValueError(
-            f"inputs have different numbers of features: {X.shape[-1]} and {Z.shape[-1]} "
-            f"(shapes {tuple(X.shape)} and {tuple(Z.shape)})"
-        )
-
-
-def _rbf(kernel, X, Z):
+def _rbf(kernel, X, Z, square=False):
     """``var * exp(-|x - z|^2 / (2 l^2))`` as one matrix product and one ``exp``: the bias
     ``log var - |x|^2/2 - |z|^2/2`` is folded into ``addmm``'s input, which saves four elementwise passes over the
-    ``[N, M]`` matrix (forward and backward) compared with forming the squared distances first."""
-    ls = kernel.lengthscale
-    Xs = X / ls
-    Zs = Z / ls
-    bias = (kernel.variance.log() - 0.5 * (Xs * Xs).sum(-1, keepdim=True)) - 0.5 * (Zs * Zs).sum(-1).unsqueeze(-2)
+    ``[N, M]`` matrix (forward and backward) compared with forming the squared distances first. Inputs are centred
+    first; where the GEMM form would not be exact enough the distances come from the differences (module
+    docstring). ``square``: ``Z`` is ``X``, and the diagonal is set to the variance exactly."""
+    ls = _hyper(kernel, "lengthscale", 1)
+    Xc, Zc = _centred(X, Z)
+    Xs, Zs = Xc / ls, Zc / ls
+    x2 = (Xs * Xs).sum(-1, keepdim=True)  # [..., N, 1]
+    z2 = (Zs * Zs).sum(-1, keepdim=True)  # [..., M, 1]
+    var = _hyper(kernel, "variance")
+    if not _gemm_is_exact(x2, z2):
+        r2 = _sqdist_by_differences(X, Z, ls)  # the raw inputs: x - z is exact for close points
+        return var * torch.exp(-0.5 * (_zero_diagonal(r2) if square else r2))
+    bias = (var.log() - 0.5 * x2) - 0.5 * z2.mT
     if bias.dim() == 2 and Xs.dim() == 2 and Zs.dim() == 2:
-        return torch.addmm(bias, Xs, Zs.mT).exp()
-    return (Xs @ Zs.mT + bias).exp()
+        K = torch.addmm(bias, Xs, Zs.mT).exp()
+    else:
+        K = (Xs @ Zs.mT + bias).exp()
+    if square:  # r2 = 0 exactly on the diagonal (rounding may leave ~eps |x|^2 there); O(M) beside the O(M^2) K
+        K = torch.diagonal_scatter(K, _diag_var(var).expand(K.shape[:-1]).to(K.dtype), dim1=-2, dim2=-1)
+    return K
 
 
 def kernel_matrix(kernel, X: torch.Tensor, Z: torch.Tensor | None = None) -> torch.Tensor:
@@ -102,10 +233,14 @@ def kernel_matrix(kernel, X: torch.Tensor, Z: torch.Tensor | None = None) -> tor
     """
     _check(kernel, X, Z)
     Zi = X if Z is None else Z
+    square = Z is None or Z is X
     if type(kernel) is pk.RBF:
-        return _rbf(kernel, _slice(kernel, X), _slice(kernel, Zi))
+        return _rbf(kernel, _slice(kernel, X), _slice(kernel, Zi), square)
     if type(kernel) in _ISOTROPIC:
-        return _isotropic(kernel, _scaled_sqdist(kernel, _slice(kernel, X), _slice(kernel, Zi)))
+        # the exponential kernel is not smooth in r^2 at 0 (r = sqrt(r2) turns a rounding error d of r2 into sqrt(d)):
+        # its distances always come from the differences
+        r2 = _scaled_sqdist(kernel, _slice(kernel, X), _slice(kernel, Zi), square, type(kernel) is pk.Exponential)
+        return _isotropic(kernel, r2)
     # generic fallback: Pyro kernels take 2-D inputs only
     if Zi.dim() > 2:
         batch = torch.broadcast_shapes(X.shape[:-2], Zi.shape[:-2])
@@ -121,5 +256,6 @@ def kernel_diag(kernel, X: torch.Tensor) -> torch.Tensor:
     """Diagonal ``k(x_n, x_n)``: ``X`` ``[..., N, D]`` -> ``[..., N]``."""
     _check(kernel, X, None)
     if type(kernel) in _ISOTROPIC:
-        return kernel.variance.expand(X.shape[:-1])
+        var = _diag_var(_hyper(kernel, "variance"))
+        return var.expand(torch.broadcast_shapes(var.shape, X.shape[:-1]))
     return kernel(X.reshape(-1, X.shape[-1]), diag=True).reshape(X.shape[:-1])

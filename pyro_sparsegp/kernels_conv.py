@@ -39,9 +39,9 @@ from __future__ import annotations
 import math
 
 import torch
+from pyro.contrib.gp import kernels as pk
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
-from pyro.contrib.gp import kernels as pk
 from torch.utils.checkpoint import checkpoint
 
 from .kernels import kernel_matrix

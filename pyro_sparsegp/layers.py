@@ -16,21 +16,32 @@ Gaussian likelihood); ``TraceMeanField_ELBO`` makes the KL analytic.
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn import PyroModule, pyro_method
+from pyro.nn import PyroModule
 
 from . import conditionals as cond
 from . import inducing as ind
+from .composition import (
+    BoundModule,
+    check_plate_alignment,
+    draw_hyperparameters,
+    layer_method,
+    sampled_attributes,
+    values_key,
+)
+from .composition import plate as data_plate
 from .distributions import MarginalizedLikelihood
 from .distributions.kl import ConditionalNormal
+from .kernels import kernel_matrix
 from .likelihoods import Likelihood
-from .linalg import cholesky, project_chol
+from .linalg import cholesky, project_chol, solve_lower
 from .variational import GaussianQ
 
-__all__ = ["SVGP"]
+__all__ = ["SVGP", "as_inputs", "ParamStoreWarning", "UntrainableWarning"]
 
 
 def _check_finite(name, t):
@@ -66,6 +77,42 @@ class _XKey:
 
 
 
+def _claim_store_names(name: str) -> None:
+    """A new module named ``name`` owns ``<name>.*`` in Pyro's global parameter store: entries left there by an
+    earlier module of that name (a notebook cell run twice) would otherwise be adopted silently, even with another
+    shape. They are dropped, with a warning."""
+    if pyro.settings.get("module_local_params"):
+        return
+    store = pyro.get_param_store()
+    stale = [k for k in list(store.keys()) if k.startswith(name + ".")]
+    if stale:
+        warnings.warn(
+            f"Pyro's global parameter store held {len(stale)} parameter(s) of an earlier module named {name!r} "
+            f"(e.g. {stale[0]!r}); they were dropped so that this module trains its own values. Give modules that "
+            "live together distinct names, or use pyro.settings.set(module_local_params=True).",
+            ParamStoreWarning,
+            stacklevel=3,
+        )
+        for k in stale:
+            del store[k]
+
+
+class UntrainableWarning(UserWarning):
+    """A configuration whose ELBO is right but gives no gradient to the parameters (see :class:`SVGP`)."""
+
+
+class ParamStoreWarning(UserWarning):
+    """A module replaced stale entries of Pyro's global parameter store (see :func:`_claim_store_names`)."""
+
+
+def as_inputs(f: torch.Tensor, num_outputs: int | None) -> torch.Tensor:
+    """A layer's ``f`` as the next layer's inputs ``[..., B, D]`` (see :meth:`SVGP.sample_hidden`)."""
+    if num_outputs is None:
+        return f.unsqueeze(-1)
+    h = f.mT
+    return h if f.dim() == 2 else h.unsqueeze(-3)
+
+
 def _take(X, idx):
     Xb = X[..., idx, :]
     Xb._psgp_key = (id(X), X._version, tuple(X.shape), id(idx))
@@ -84,6 +131,8 @@ class SVGP(PyroModule):
     :param bool whiten: put the prior ``N(0, I)`` on ``v = Luu^{-1} u`` instead of ``N(0, Kuu)`` on ``u``.
     :param str name: prefix of the sample sites.
     :param bool integrate_f: observe ``y`` from :class:`MarginalizedLikelihood` (``f`` integrated out given ``u``;
+        the default for likelihoods that are piecewise constant in ``f``, such as robust-max, whose sampled ``f``
+        site carries no gradient; ``False`` is refused for them);
         same bound, lower variance) instead of sampling the ``<name>.f`` site.
 
     Shapes (``B`` points, ``L`` outputs):
@@ -108,10 +157,22 @@ class SVGP(PyroModule):
         num_outputs: int | None = None,
         whiten: bool = True,
         name: str = "gp",
-        integrate_f: bool = False,
+        integrate_f: bool | None = None,
         jitter: float | None = None,
     ):
         super().__init__(name=name)  # parameters are named "<name>.inducing.Z", "<name>.q_u.u_loc", ... in Pyro's store
+        _claim_store_names(name)
+        piecewise = bool(getattr(likelihood, "piecewise_constant", False))
+        if integrate_f is None:
+            integrate_f = piecewise
+        elif piecewise and not integrate_f:
+            warnings.warn(
+                f"{type(likelihood).__name__} is piecewise constant in f: with integrate_f=False the sampled f site "
+                "gives an unbiased estimate of the bound but no gradient to the kernel, Z or q(u), so SVI trains "
+                "nothing. Use integrate_f=True (the default for it) or fit(..., elbo='analytic') to train.",
+                UntrainableWarning,
+                stacklevel=2,
+            )
         inducing = ind.as_inducing(Z)  # a tensor Z: inducing points; or inducing patches (pyro_sparsegp.inducing)
         Z = inducing.Z
         if Z.dim() == 3 and (num_outputs is None or Z.shape[0] != num_outputs):
@@ -127,7 +188,7 @@ class SVGP(PyroModule):
         self.jitter = jitter
         M = Z.shape[-2]
         scale_tril = None
-        if not whiten:  # start at the prior q(u) = p(u)
+        if not whiten and not sampled_attributes(kernel, names=False):  # start at q(u) = p(u) (no prior draw of theta)
             with torch.no_grad():
                 scale_tril = cholesky(ind.Kuu(inducing, kernel), jitter)
         self.q_u = GaussianQ(M, num_outputs, scale_tril)
@@ -148,7 +209,7 @@ class SVGP(PyroModule):
 
     # -- covariances, computed once per ELBO evaluation ---------------------------------------------------------
     def _param_key(self):
-        return tuple((p.data_ptr(), p._version) for p in self.parameters()) + (torch.is_grad_enabled(),)
+        return values_key(self)
 
     def _kuu_chol(self, consume: bool):
         """``(Kuu, Luu)``, each ``[M, M]`` or ``[L, M, M]``; cached like :meth:`_stats`."""
@@ -164,7 +225,7 @@ class SVGP(PyroModule):
     def _luu(self, consume: bool):
         return self._kuu_chol(consume)[1]
 
-    @pyro_method
+    @layer_method
     def _stats(self, X: torch.Tensor, consume: bool):
         """``(Luu, W, kff_diag)`` for inputs ``X`` ``[..., B, D]``.
 
@@ -176,22 +237,25 @@ class SVGP(PyroModule):
         if consume and key in self._cache:
             return self._cache.pop(key)
         Kuu, Luu = self._kuu_chol(consume)
-        Z = self.Z
-        Xk = X if Z.dim() == 2 else X.unsqueeze(-3)  # per-output Z: [..., 1, B, D]
-        Kuf = ind.Kuf(self.inducing, self.kernel, Xk)  # [..., (L,) M, B]
+        Xk = self._align(X)
+        Kuf = ind.Kuf(self.inducing, self.kernel, Xk)  # [..., (L|1,) M, B]
         (W,) = project_chol(Kuu, Luu, Kuf)  # W = Luu^{-1} Kuf, gradient straight to Kuu
-        kdiag = ind.Kff_diag(self.kernel, X)  # [..., B]
-        if self.num_outputs is not None:
-            kdiag = kdiag.unsqueeze(-2)
-            if Z.dim() == 2:
-                W = W.unsqueeze(-3)  # [..., 1, M, B]
+        kdiag = ind.Kff_diag(self.kernel, Xk)  # [..., (1,) B]
         stats = (Luu, W, kdiag)
         if not consume:
             self._cache[key] = stats
         return stats
 
+    def _align(self, X):
+        """Inputs laid out against ``f``: ``X [..., B, D]``'s batch dimensions broadcast like any Pyro batch, so
+        X's dim -3 stands at f's dim -2, the outputs dimension of a layer with ``L`` outputs; a 2-D ``X`` gets that
+        singleton here (``[1, B, D]``)."""
+        if self.num_outputs is not None and X.dim() == 2:
+            return X.unsqueeze(-3)
+        return X
+
     # -- distributions ------------------------------------------------------------------------------------------
-    @pyro_method
+    @layer_method
     def prior(self, Luu: torch.Tensor | None = None) -> dist.MultivariateNormal:
         """``p(u) = N(0, Kuu)`` (``N(0, I)`` when whitened), batch shape ``()`` or ``[L, 1]``."""
         M = self.Z.shape[-2]
@@ -201,16 +265,17 @@ class SVGP(PyroModule):
             return dist.Normal(zeros, 1.0).to_event(1)
         if Luu is None:
             Luu = self._luu(consume=False)
-        if self.num_outputs is not None:
-            Luu = Luu.unsqueeze(-3).expand(batch + (M, M))
+        if self.num_outputs is not None or Luu.dim() > 2:  # the data plate's singleton (and the outputs')
+            Luu = Luu.unsqueeze(-3)
+            Luu = Luu.expand(torch.broadcast_shapes(Luu.shape[:-2], batch) + (M, M))
         return dist.MultivariateNormal(zeros, scale_tril=Luu)
 
-    @pyro_method
+    @layer_method
     def posterior(self) -> dist.MultivariateNormal:
         """``q(u)``, batch shape ``()`` or ``[L, 1]``."""
         return self.q_u()
 
-    @pyro_method
+    @layer_method
     def conditional(self, X: torch.Tensor, u: torch.Tensor, consume: bool = False) -> dist.Normal:
         """``p(f | u)`` at inputs ``X`` ``[..., B, D]``: a Normal with batch shape ``[..., B]`` or ``[..., L, B]``.
 
@@ -232,7 +297,7 @@ class SVGP(PyroModule):
         loc = cond.conditional_loc(u, W, None if self.whiten else Luu)
         return loc, cond.conditional_var(kdiag, W).expand_as(loc)
 
-    @pyro_method
+    @layer_method
     def qf(self, X: torch.Tensor, consume: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Marginals of ``q(f)`` at ``X`` (Hensman 2015 eq. 8): ``(mean, var)``."""
         Luu, W, kdiag = self._stats(X, consume)
@@ -245,27 +310,37 @@ class SVGP(PyroModule):
         if self.num_outputs is None:
             return contextlib.nullcontext()
         if new or getattr(self, "_plate", None) is None:
-            self._plate = pyro.plate(f"{self.name}.outputs", self.num_outputs, dim=-2)
+            self._plate = data_plate(f"{self.name}.outputs", self.num_outputs, dim=-2)  # joins AutoGuideList's
         return self._plate
 
-    @pyro_method
+    @layer_method(guide_arg="guide")
     def sample_u(self, guide: bool = False) -> torch.Tensor:
         """Sample site ``<name>.u`` from ``p(u)`` (model) or ``q(u)`` (guide). Call outside the data plate."""
+        draw_hyperparameters(self)  # PyroSample hyperparameters are sites here, outside the data plate
         with self._outputs_plate(new=True):
             if guide:
                 return pyro.sample(f"{self.name}.u", self.posterior())
             return pyro.sample(f"{self.name}.u", self.prior(None if self.whiten else self._luu(consume=True)))
 
-    @pyro_method
+    @layer_method
     def sample_f(self, X: torch.Tensor, u: torch.Tensor, guide: bool = False) -> torch.Tensor:
         """Sample site ``<name>.f`` from ``p(f | u)`` at ``X`` ``[..., B, D]``. Call inside the data plate."""
         with self._outputs_plate():
-            return pyro.sample(f"{self.name}.f", self.conditional(X, u, consume=not guide))
+            fn = self.conditional(X, u, consume=not guide)
+            check_plate_alignment(fn.loc, f"{self.name}.f", None if self.num_outputs is None else -2)
+            return pyro.sample(f"{self.name}.f", fn)
+
+    def sample_hidden(self, X: torch.Tensor, u, guide: bool = False) -> torch.Tensor:
+        """:meth:`sample_f`, laid out as the next layer's inputs: ``f [..., L, B]`` becomes ``[..., 1, B, L]``
+        (``[B, L]`` when ``f`` is ``[L, B]``; a single output ``[..., B]`` becomes ``[..., B, 1]``): the outputs move
+        to the feature dimension and their plate dimension stays as a singleton, so particle and plate dimensions
+        keep their places (see :func:`as_inputs`). Call inside the data plate."""
+        return as_inputs(self.sample_f(X, u, guide=guide), self.num_outputs)
 
     def _data_plate(self, N, subsample_size, num_data, device):
         if num_data is None:
-            return pyro.plate(f"{self.name}.data", N, subsample_size=subsample_size, dim=-1, device=device)
-        return pyro.plate(f"{self.name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
+            return data_plate(f"{self.name}.data", N, subsample_size=subsample_size, dim=-1, device=device)
+        return data_plate(f"{self.name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
 
     def _check_data(self, X, y):
         D = self.inducing.input_dim(self.kernel)
@@ -294,11 +369,11 @@ class SVGP(PyroModule):
         with ctx:
             if self.integrate_f:
                 loc, var = f_or_q
-                pyro.sample("y", MarginalizedLikelihood(lik, loc, var), obs=y)
+                pyro.sample("y", MarginalizedLikelihood(BoundModule(lik), loc, var), obs=y)
             else:
                 lik(f_or_q, y, prefix=self.name)
 
-    @pyro_method
+    @layer_method
     def model(self, X, y=None, *, subsample_size=None, num_data=None):
         """Generative model. ``subsample_size``: the plate draws a minibatch of ``X``; ``num_data``: ``X`` already
         is a minibatch of a data set of that size (the likelihood is scaled by ``num_data / len(X)``)."""
@@ -314,9 +389,10 @@ class SVGP(PyroModule):
             self._observe(f, yb)
         return f
 
-    @pyro_method
+    @layer_method
     def guide(self, X, y=None, *, subsample_size=None, num_data=None):
-        """Variational distribution: ``q(u) p(f | u)``."""
+        """Variational distribution: ``q(u) p(f | u)``. Returns the drawn latent values by site name (a dict, as
+        Pyro's autoguides do, so that it can be a part of ``AutoGuideList``)."""
         self._check_data(X, y)
         u = self.sample_u(guide=True)
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
@@ -330,9 +406,12 @@ class SVGP(PyroModule):
                 ctx = self._outputs_plate() if self.likelihood.latent_dim == 1 else contextlib.nullcontext()
                 with ctx:
                     self.likelihood.guide(lambda: self.qf(Xb), prefix=self.name)
-            return f
+        out = {f"{self.name}.u": u[0], f"{self.name}.v": u[1]} if isinstance(u, tuple) else {f"{self.name}.u": u}
+        if f is not None:
+            out[f"{self.name}.f"] = f
+        return out
 
-    @pyro_method
+    @layer_method
     def analytic_elbo(self, X, y, num_data: int | None = None) -> torch.Tensor:
         """The bound in closed form on a minibatch, without sampling (Hensman 2015 eq. 21; for
         :class:`~pyro_sparsegp.PolyaGammaLogit` the augmented bound of Wenzel et al. 2019 at the optimal ``c``):
@@ -353,13 +432,51 @@ class SVGP(PyroModule):
         prior = self.prior(None if self.whiten else self._luu(consume))
         return torch.distributions.kl_divergence(self.posterior(), prior)
 
-    @pyro_method
+    @layer_method
     @torch.no_grad()
     def predict(self, X: torch.Tensor, full: bool = False):
         """Mean and variance of ``q(f*)`` at ``X`` ``[..., N, D]`` (no gradients); with ``full=True`` also the
         predictive distribution of ``y*`` from the likelihood."""
         self._check_data(X, None)
-        mean, var = self.qf(X)
+        multi = self.num_outputs is not None
+        mean, var = self.qf(X.unsqueeze(-3) if multi and X.dim() > 2 else X)  # [..., (L,) N]
+        out = (mean.movedim(-2, -1), var.movedim(-2, -1)) if multi else (mean, var)
         if full:
-            return mean, var, self.likelihood.predictive(mean, var)
-        return mean, var
+            if self.likelihood is None:
+                raise ValueError("predict(full=True) needs a likelihood; this layer has none (a hidden layer)")
+            return out + (self.likelihood.predictive(mean, var),)
+        return out
+
+    @layer_method
+    def qf_full(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Mean ``[..., (L,) N]`` and full covariance ``[..., (L,) N, N]`` of :math:`q(f^*)` at ``X [N, D]``:
+        :math:`K_{**} - W^T W + A^T S A` with :math:`W = L_{uu}^{-1} K_{u*}` and :math:`A = W` (whitened) or
+        :math:`L_{uu}^{-T} W` (Hensman, Fusi, Lawrence 2013, eq. 7, at test inputs)."""
+        Xk = self._align(X)
+        terms, proj = self._full_terms(X)
+        self._cache.clear()
+        cov = kernel_matrix(self.kernel, Xk) - sum(P.mT @ P for P in proj)  # [(L|1,) N, N]
+        mean = 0.0
+        for W, loc, tril, L in terms:
+            A = W if L is None else solve_lower(L, W, transpose=True)
+            mean = mean + (loc.unsqueeze(-2) @ A).squeeze(-2)
+            SA = tril.mT @ A
+            cov = cov + SA.mT @ SA
+        return mean, cov
+
+    def _full_terms(self, X):
+        """``([(W, m, S^{1/2}, L or None)], [W])``: each set of inducing variables' projection, mean, scale and
+        (unwhitened) prior factor, and the projections whose Gram matrices the prior covariance loses."""
+        Luu, W, _ = self._stats(X, consume=False)
+        return [(W, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)], [W]
+
+    @torch.no_grad()
+    def sample_posterior(self, X: torch.Tensor, num_samples: int = 1) -> torch.Tensor:
+        """Joint draws of ``f*`` from :math:`q(f^*)` at ``X [N, D]`` with its full covariance (smooth function
+        draws, not independent marginals): ``[num_samples, N]`` or ``[num_samples, N, L]``."""
+        self._check_data(X, None)
+        mean, cov = self.qf_full(X)
+        L = cholesky(0.5 * (cov + cov.mT), self.jitter)
+        eps = torch.randn((num_samples,) + mean.shape, dtype=mean.dtype, device=mean.device)
+        f = mean + (L @ eps.unsqueeze(-1)).squeeze(-1)
+        return f.movedim(-2, -1) if self.num_outputs is not None else f

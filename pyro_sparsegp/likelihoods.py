@@ -19,6 +19,7 @@ import torch
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
+from .composition import seed_context
 from .linalg import gauss_hermite
 
 __all__ = ["Likelihood", "Gaussian", "Bernoulli", "PolyaGammaLogit"]
@@ -64,6 +65,7 @@ class Likelihood(PyroModule):
         plate). ``prefix`` names any auxiliary site a likelihood adds (``<prefix>.omega``)."""
         if y is not None:
             self.check_y(y)
+        seed_context(self)
         return pyro.sample(name, self.distribution(f), obs=y)
 
     def guide(self, qf, prefix: str = "gp") -> None:
@@ -165,6 +167,7 @@ class PolyaGammaLogit(Bernoulli):
 
         if y is not None:
             self.check_y(y)
+        seed_context(self)
         omega = pyro.sample(f"{prefix}.omega", PolyaGamma(torch.ones_like(f), torch.zeros_like(f)))
         return pyro.sample(name, PolyaGammaAugmentedBernoulli(f, omega), obs=y)
 

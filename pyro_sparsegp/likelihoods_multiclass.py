@@ -133,6 +133,9 @@ class RobustMax(_MultiClass):
     :param int num_gh: Gauss-Hermite nodes of :math:`P_k`.
     """
 
+    #: piecewise constant in ``f``: layers integrate ``f`` out for it (a sampled ``f`` gives no gradient)
+    piecewise_constant = True
+
     def __init__(self, num_classes: int, epsilon: float = 1e-3, num_gh: int = 20):
         super().__init__(num_classes, num_gh)
         epsilon = float(epsilon)

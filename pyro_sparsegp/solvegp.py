@@ -37,10 +37,10 @@ from __future__ import annotations
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn import pyro_method
 
 from . import conditionals as cond
 from . import inducing as ind
+from .composition import draw_hyperparameters, layer_method, sampled_attributes
 from .distributions.kl import ConditionalNormal
 from .layers import SVGP, _XKey
 from .linalg import cholesky, gram, project_chol
@@ -81,7 +81,7 @@ class SOLVEGP(SVGP):
         if type(orthogonal) is not type(self.inducing):
             raise ValueError(f"O must be the same kind of inducing variable as Z ({type(self.inducing).__name__}), "
                              f"got {type(orthogonal).__name__}")
-        O = orthogonal.Z
+        O = orthogonal.Z  # noqa: E741
         if O.dim() != Z.dim() or O.shape[-1] != Z.shape[-1] or O.shape[:-2] != Z.shape[:-2]:
             raise ValueError(f"O must be shaped like Z ([..., M2, D] with D = {Z.shape[-1]}); got {tuple(O.shape)}")
         orthogonal.check(kernel)
@@ -89,9 +89,9 @@ class SOLVEGP(SVGP):
         self.odvgp = odvgp
         M2 = O.shape[-2]
         scale_tril = None
-        if not whiten and not odvgp:  # start at the prior q(v⊥) = p(v⊥)
+        if not whiten and not odvgp and not sampled_attributes(kernel, names=False):  # start at the prior q(v⊥) = p(v⊥)
             with torch.no_grad():
-                scale_tril = self._factors()[1]  # not the pyro_method: the module may still be nested
+                scale_tril = self._factors()[1]  # not the layer method: the module may still be nested
         self.q_v = GaussianQ(M2, num_outputs, scale_tril, learn_scale=not odvgp)
 
     @property
@@ -128,7 +128,7 @@ class SOLVEGP(SVGP):
         (D,) = project_chol(Cvv, Lc, ind.Kuf(v, k, Xk) - A.mT @ B)  # [..., (L,) M2, B]
         return Luu, Lc, A, B, D
 
-    @pyro_method
+    @layer_method
     def _joint_chol(self, consume: bool):
         """``(Luu, Lc, A)`` (:meth:`_factors`); cached like :meth:`_stats`, which also leaves them for a consumer."""
         key = ("chol2", self._param_key())
@@ -142,26 +142,22 @@ class SOLVEGP(SVGP):
     def _luu(self, consume: bool):
         return self._joint_chol(consume)[0]
 
-    @pyro_method
+    @layer_method
     def _stats(self, X, consume):
         """``(Luu, Lc, B, D, kff_diag)`` with ``B = Luu^{-1} Kuf``, ``D = Lc^{-1}(Kvf - A^T B)`` (algorithm 1)."""
         key = ("stats", _XKey(X), self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
-        Xk = X if self.Z.dim() == 2 else X.unsqueeze(-3)
+        Xk = self._align(X)
         Luu, Lc, A, B, D = self._factors(Xk)
-        kdiag = ind.Kff_diag(self.kernel, X)  # [..., B]
-        if self.num_outputs is not None and self.Z.dim() == 2:
-            B, D = B.unsqueeze(-3), D.unsqueeze(-3)
-        if self.num_outputs is not None:
-            kdiag = kdiag.unsqueeze(-2)
+        kdiag = ind.Kff_diag(self.kernel, Xk)  # [..., (1,) B]
         stats = (Luu, Lc, B, D, kdiag)
         if not consume:  # the factors are left for the model's priors / the KL (one factorisation per evaluation)
             self._cache = {("chol2", self._param_key()): (Luu, Lc, A), key: stats}
         return stats
 
     # -- distributions ------------------------------------------------------------------------------------------
-    @pyro_method
+    @layer_method
     def prior_v(self, Lc=None):
         """``p(v⊥) = N(0, Cvv)`` (``N(0, I)`` whitened), batch shape ``()`` or ``[L, 1]``."""
         M2 = self.O.shape[-2]
@@ -171,8 +167,9 @@ class SOLVEGP(SVGP):
             return dist.Normal(zeros, 1.0).to_event(1)
         if Lc is None:
             Lc = self._joint_chol(consume=False)[1]
-        if self.num_outputs is not None:
-            Lc = Lc.unsqueeze(-3).expand(batch + (M2, M2))
+        if self.num_outputs is not None or Lc.dim() > 2:  # the data plate's singleton (and the outputs')
+            Lc = Lc.unsqueeze(-3)
+            Lc = Lc.expand(torch.broadcast_shapes(Lc.shape[:-2], batch) + (M2, M2))
         return dist.MultivariateNormal(zeros, scale_tril=Lc)
 
     def _v_scale(self, Lc):
@@ -183,7 +180,7 @@ class SOLVEGP(SVGP):
             return torch.eye(self.O.shape[-2], dtype=self.O.dtype, device=self.O.device)
         return Lc
 
-    @pyro_method
+    @layer_method
     def posterior_v(self, Lc=None):
         """``q(v⊥)``, batch shape ``()`` or ``[L, 1]``."""
         if self.q_v.learn_scale:
@@ -205,7 +202,7 @@ class SOLVEGP(SVGP):
         loc = cond.conditional_loc(u, stats[2], None if self.whiten else stats[0]) + loc_perp
         return loc, var.expand_as(loc)
 
-    @pyro_method
+    @layer_method
     def project(self, X, u, consume=True):
         """``Kfu Kuu⁻¹ u`` at ``X`` ``[..., B, D]``: the part of ``f`` in the span of the inducing points (eq. 4),
         ``[..., B]`` or ``[..., L, B]``; ``u`` as returned by :meth:`sample_u` (whitened: ``Luu⁻¹ u``). Called in the
@@ -214,7 +211,7 @@ class SOLVEGP(SVGP):
         Luu, Lc, B, D, kdiag = self._stats(X, consume)
         return cond.conditional_loc(u, B, None if self.whiten else Luu)
 
-    @pyro_method
+    @layer_method
     def orthogonal_conditional(self, X, v, consume=False) -> ConditionalNormal:
         """``p⊥(f⊥ | v⊥)`` at ``X``: marginals ``N(Cfv Cvv⁻¹ v⊥, k_nn - Q_nn - [Cfv Cvv⁻¹ Cvf]_nn)`` (the likelihood
         factorises, so marginals are all the bound needs), batch shape ``[..., B]`` or ``[..., L, B]``. Built by the
@@ -228,19 +225,27 @@ class SOLVEGP(SVGP):
             self._cache[key] = fn
         return fn
 
-    @pyro_method
+    @layer_method
     def sample_f_perp(self, X, v, guide: bool = False):
         """Sample site ``<name>.f_perp ~ p⊥(f⊥ | v⊥)`` at ``X``; call inside the data plate, in model and guide."""
         with self._outputs_plate():
             return pyro.sample(f"{self.name}.f_perp", self.orthogonal_conditional(X, v, consume=not guide))
 
-    @pyro_method
+    @layer_method
     def qf(self, X, consume=False):
         """Marginals of q(f) at ``X``: eqs. 37-38 (diagonal), i.e. algorithm 1 lines 5-7."""
         Luu, Lc, B, D, kdiag = self._stats(X, consume)
         lu, vu = cond.qf_terms(B, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
         lv, vv = cond.qf_terms(D, self.q_v.u_loc, self._v_scale(Lc), None if self.whiten else Lc)
         return lu + lv, cond.clamp_var(kdiag + vu + vv)
+
+    def _full_terms(self, X):
+        Luu, Lc, B, D, _ = self._stats(X, consume=False)
+        terms = [
+            (B, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu),
+            (D, self.q_v.u_loc, self._v_scale(Lc), None if self.whiten else Lc),
+        ]
+        return terms, [B, D]
 
     def kl_divergence(self, consume: bool = False):
         """KL[q(u) || p(u)] + KL[q(v⊥) || p(v⊥)] (eqs. 35-36); ``consume=True`` reuses the factors of the last
@@ -252,9 +257,10 @@ class SOLVEGP(SVGP):
         return kl(self.posterior(), self.prior(Luu)) + kl(self.posterior_v(Lc), self.prior_v(Lc))
 
     # -- sites --------------------------------------------------------------------------------------------------
-    @pyro_method
+    @layer_method(guide_arg="guide")
     def sample_u(self, guide: bool = False):
         """Sample sites ``<name>.u`` and ``<name>.v`` from the priors (model) or ``q`` (guide); returns ``(u, v)``."""
+        draw_hyperparameters(self)  # PyroSample hyperparameters are sites here, outside the data plate
         with self._outputs_plate(new=True):
             if guide:
                 Lc = None if (self.whiten or self.q_v.learn_scale) else self._joint_chol(consume=False)[1]

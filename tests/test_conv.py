@@ -206,7 +206,7 @@ def _conv_svgp(cls, lik, M=6, M2=5, num_outputs=None, whiten=True, seed=1):
     torch.manual_seed(seed)  # the same kernel weights and patches for the same seed
     k = _kernel("conv", 3, 3, 1, "mean", "patch")
     Z = ps.InducingPatches(torch.randn(M, k.patch_dim))
-    kw = dict(likelihood=lik, num_outputs=num_outputs, whiten=whiten)
+    kw = dict(likelihood=lik, num_outputs=num_outputs, whiten=whiten, integrate_f=True)
     if cls is ps.SOLVEGP:
         return ps.SOLVEGP(k, Z, ps.InducingPatches(torch.randn(M2, k.patch_dim)), **kw)
     return ps.SVGP(k, Z, **kw)

@@ -75,7 +75,7 @@ def test_deep_conv_shapes_under_particle_dims_and_every_parameter_learns(solve):
     with pyro.poutine.block(), pyro.plate("particles", S, dim=-3):
         u = gp.hidden[0].sample_u(guide=True)
         Hs = gp.hidden[0].sample(X, u)
-    assert Hs.shape == (S, 6, 5 * 4 * 2)
+    assert Hs.shape == (S, 1, 6, 5 * 4 * 2)  # the outputs' plate dimension stays as a singleton
     for elbo in (Trace_ELBO, TraceMeanField_ELBO):
         loss = elbo(num_particles=S, vectorize_particles=True, max_plate_nesting=2).differentiable_loss(
             gp.model, gp.guide, X, y, num_data=30)

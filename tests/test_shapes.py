@@ -123,7 +123,7 @@ def test_predictive_and_predict():
     big = Predictive(gp.model, guide=gp.guide, num_samples=4000, return_sites=["gp.f"], parallel=True)(X)["gp.f"]
     torch.testing.assert_close(big.mean(0), mean, atol=5 * (var.max() / 4000) ** 0.5, rtol=0)
     mean3, var3 = _gp(3, True, ps.Gaussian()).predict(X)
-    assert mean3.shape == (3, 30)
+    assert mean3.shape == (30, 3)  # like the training y [N, L]
 
 
 def test_two_stacked_layers_train():
@@ -137,15 +137,15 @@ def test_two_stacked_layers_train():
     def model(X, y):
         u1, u2 = layer1.sample_u(), layer2.sample_u()
         with pyro.plate("data", X.shape[0], dim=-1):
-            h = layer1.sample_f(X, u1)  # [..., 2, N]
-            f = layer2.sample_f(h.mT if h.dim() == 2 else h.transpose(-1, -2), u2)
+            h = layer1.sample_hidden(X, u1)  # [..., 1, N, 2]: the next layer's inputs
+            f = layer2.sample_f(h, u2)
             lik(f, y)
 
     def guide(X, y):
         u1, u2 = layer1.sample_u(guide=True), layer2.sample_u(guide=True)
         with pyro.plate("data", X.shape[0], dim=-1):
-            h = layer1.sample_f(X, u1, guide=True)
-            layer2.sample_f(h.mT if h.dim() == 2 else h.transpose(-1, -2), u2, guide=True)
+            h = layer1.sample_hidden(X, u1, guide=True)
+            layer2.sample_f(h, u2, guide=True)
 
     params = list(layer1.parameters()) + list(layer2.parameters())
     opt = torch.optim.Adam(params, lr=0.02)

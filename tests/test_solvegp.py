@@ -165,7 +165,7 @@ def test_every_parameter_changes_and_outputs_batch():
         assert not torch.equal(v.detach(), before[k]), k
     gp3 = ps.SOLVEGP(RBF(D), torch.randn(3, M, D), torch.randn(3, M2, D), ps.Gaussian(), num_outputs=3)
     mean, var = gp3.predict(X)
-    assert mean.shape == var.shape == (3, N)
+    assert mean.shape == var.shape == (N, 3)  # like the training y [N, L]
     elbo = Trace_ELBO(num_particles=3, vectorize_particles=True, max_plate_nesting=2)
     assert math.isfinite(elbo.loss(gp3.model, gp3.guide, X, torch.randn(N, 3)))
 

@@ -1,5 +1,6 @@
 r"""The Pólya-Gamma augmented bound of Wenzel, Galy-Fajou, Donner, Kloft, Opper (2019), "Efficient Gaussian process
-classification using Pólya-Gamma data augmentation", AAAI (the poster text in ``shared/papers``), in closed form.
+classification using Pólya-Gamma data augmentation", AAAI 2019 (and its workshop version, "Scalable logit Gaussian
+process classification"), in closed form.
 
 Labels :math:`y_n \in \{0, 1\}`, signs :math:`s_n = 2y_n - 1`. The augmentation (Polson, Scott, Windle 2013) writes
 
