@@ -11,6 +11,7 @@ kin8nm         8192 x 8         Delve kin8nm (robot-arm kinematics); split 0 of 
 banana         5300 x 2         the 'banana' binary classification set (PMLB copy), labels mapped to {0, 1}
 vehicle        846 x 18         Statlog vehicle silhouettes, 4 classes (PMLB copy; ``data/vehicle/vehicle.tsv.gz``,
                                 read by ``tutorials/multiclass.ipynb``)
+mnist          2000 x 784       a stratified 2,000-image subset (200 per digit) of the MNIST test set
 =============  ===============  =============================================================================
 
 Every loader returns float tensors in the default dtype (or ``dtype``).
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["Split", "load_powerplant", "load_kin8nm", "load_snelson", "load_banana", "standardize"]
+__all__ = ["Split", "load_powerplant", "load_kin8nm", "load_snelson", "load_banana", "load_mnist_subset", "standardize"]
 
 DATA = Path(__file__).parent / "data"
 
@@ -79,6 +80,13 @@ def load_banana(dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
     with gzip.open(DATA / "banana" / "banana.tsv.gz", "rt") as fh:
         data = np.loadtxt(fh, skiprows=1)
     return _t(data[:, :2], dtype), _t((data[:, 2] > 0).astype(float), dtype)
+
+
+def load_mnist_subset(dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MNIST subset: ``(X [2000, 784], y [2000])``, pixels scaled to ``[0, 1]`` (images flattened row-major
+    ``28 x 28``), digit labels ``0..9`` as floats."""
+    d = np.load(DATA / "mnist" / "mnist_test_2000.npz")
+    return _t(d["images"].reshape(len(d["images"]), -1) / 255.0, dtype), _t(d["labels"].astype(float), dtype)
 
 
 def standardize(train: torch.Tensor, *others: torch.Tensor):

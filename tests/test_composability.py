@@ -304,11 +304,11 @@ def test_second_model_of_the_same_name_trains_its_own_parameters():
         X, y = torch.randn(30, 3), torch.randn(30)
         gp1 = ps.SVGP(RBF(3), torch.randn(10, 3), ps.Gaussian())
         SVI(gp1.model, gp1.guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO()).step(X, y)
-        assert "gp.Z" in pyro.get_param_store()
+        assert "gp.inducing.Z" in pyro.get_param_store()
         with pytest.warns(ps.layers.ParamStoreWarning, match="'gp'"):
             gp2 = ps.SVGP(RBF(3), torch.randn(20, 3), ps.Gaussian())
         SVI(gp2.model, gp2.guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO()).step(X, y)
-        assert gp2.Z.shape == (20, 3) and pyro.get_param_store()["gp.Z"].shape == (20, 3)
+        assert gp2.Z.shape == (20, 3) and pyro.get_param_store()["gp.inducing.Z"].shape == (20, 3)
 
 
 # -- 7: prediction --------------------------------------------------------------------------------------------------
