@@ -4,17 +4,23 @@ from . import (
     bounds,
     composition,
     conditionals,
+    conv,
     datasets,
     deep,
     distributions,
+    inducing,
     infer,
     kernels,
+    kernels_conv,
     likelihoods,
     linalg,
     mean_functions,
     variational,
 )
+from .conv import ConvLayer, DeepConvGP
 from .deep import DeepGP
+from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints
+from .kernels_conv import TICK, ConvKernel
 from .layers import SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
 from .likelihoods_multiclass import RobustMax, Softmax
@@ -26,6 +32,13 @@ __all__ = [
     "SVGP",
     "SOLVEGP",
     "DeepGP",
+    "ConvKernel",
+    "TICK",
+    "InducingPoints",
+    "InducingPatches",
+    "IndexedInducingPatches",
+    "ConvLayer",
+    "DeepConvGP",
     "Likelihood",
     "Gaussian",
     "Bernoulli",
@@ -38,6 +51,9 @@ __all__ = [
     "datasets",
     "deep",
     "conditionals",
+    "conv",
+    "inducing",
+    "kernels_conv",
     "distributions",
     "infer",
     "kernels",

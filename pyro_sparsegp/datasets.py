@@ -9,6 +9,9 @@ powerplant     9568 x 4         UCI Combined Cycle Power Plant; split 0 of the H
 snelson        200 x 1          Snelson & Ghahramani 2006 1-D toy data (and 301 test inputs)
 kin8nm         8192 x 8         Delve kin8nm (robot-arm kinematics); split 0 of the Gal & Ghahramani 90/10 splits
 banana         5300 x 2         the 'banana' binary classification set (PMLB copy), labels mapped to {0, 1}
+vehicle        846 x 18         Statlog vehicle silhouettes, 4 classes (PMLB copy; ``data/vehicle/vehicle.tsv.gz``,
+                                read by ``tutorials/multiclass.ipynb``)
+mnist          2000 x 784       a stratified 2,000-image subset (200 per digit) of the MNIST test set
 =============  ===============  =============================================================================
 
 Every loader returns float tensors in the default dtype (or ``dtype``).
@@ -23,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["Split", "load_powerplant", "load_kin8nm", "load_snelson", "load_banana", "standardize"]
+__all__ = ["Split", "load_powerplant", "load_kin8nm", "load_snelson", "load_banana", "load_mnist_subset", "standardize"]
 
 DATA = Path(__file__).parent / "data"
 
@@ -43,7 +46,8 @@ def _t(a, dtype):
 
 
 def load_powerplant(dtype=None) -> Split:
-    """UCI power plant, split 0 (8611 train / 957 test rows), raw units (target: net hourly output in MW)."""
+    """UCI power plant, split 0 (8611 train / 957 test rows), raw units (target: net hourly output in MW):
+    a :class:`Split` with ``X_train [8611, 4]``, ``y_train [8611]``, ``X_test [957, 4]``, ``y_test [957]``."""
     with gzip.open(DATA / "powerplant" / "data.txt.gz", "rt") as fh:
         data = np.loadtxt(fh)
     test = np.loadtxt(DATA / "powerplant" / "index_test_0.txt", dtype=int)
@@ -78,8 +82,16 @@ def load_banana(dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
     return _t(data[:, :2], dtype), _t((data[:, 2] > 0).astype(float), dtype)
 
 
+def load_mnist_subset(dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MNIST subset: ``(X [2000, 784], y [2000])``, pixels scaled to ``[0, 1]`` (images flattened row-major
+    ``28 x 28``), digit labels ``0..9`` as floats."""
+    d = np.load(DATA / "mnist" / "mnist_test_2000.npz")
+    return _t(d["images"].reshape(len(d["images"]), -1) / 255.0, dtype), _t(d["labels"].astype(float), dtype)
+
+
 def standardize(train: torch.Tensor, *others: torch.Tensor):
     """Shift and scale by the training mean and standard deviation (per column); returns the transformed tensors
-    followed by ``(mean, std)``."""
+    followed by ``(mean, std)``. ``train [N, D]`` (or ``[N]``) and each of ``others`` ``[T, D]`` keep their shapes;
+    ``mean`` and ``std`` are ``[D]`` (or ``[]``)."""
     mean, std = train.mean(0), train.std(0).clamp(min=1e-12)
     return ((train - mean) / std, *[(o - mean) / std for o in others], mean, std)
