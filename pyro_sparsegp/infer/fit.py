@@ -355,7 +355,8 @@ def fit(
     :param float natgrad_lr: if set (``0 < natgrad_lr <= 1``), every full-covariance Gaussian variational family
         (q(u); SOLVE-GP's q(v⊥) too) takes natural-gradient steps of this length computed from the same backward
         pass (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`; Hensman et al. 2013 section 3.2) and Adam
-        trains only the other parameters.
+        trains only the other parameters. ``0.1`` is a good start: on UCI protein (M = 256) it was ahead of Adam and
+        of GPyTorch at every epoch (``benchmarks/time_to_accuracy.py``).
     :param elbo: ``"analytic"`` (the closed-form bound ``module.analytic_elbo``: no sampling at all; the default for
         modules that have it and a likelihood) or a Pyro ELBO (default for other modules: ``TraceMeanField_ELBO()``).
     :param int seed: seeds the minibatch order (and Pyro's RNG at the start of a fresh run).
