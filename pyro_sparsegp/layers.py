@@ -36,7 +36,7 @@ from .composition import (
 from .composition import plate as data_plate
 from .distributions import MarginalizedLikelihood
 from .distributions.kl import ConditionalNormal
-from .kernels import kernel_diag, kernel_matrix
+from .kernels import kernel_matrix
 from .likelihoods import Likelihood
 from .linalg import cholesky, project_chol, solve_lower
 from .validation import check_data, check_module_args, check_predict
