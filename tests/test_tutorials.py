@@ -30,6 +30,9 @@ def test_committed_notebook_is_executed(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("PYRO_SPARSEGP_SMOKE", "1")
+    # the kernel imports this checkout's package (not another installed copy), as the tests themselves do
+    root = str(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH")] if p))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
