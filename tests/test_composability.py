@@ -42,8 +42,14 @@ def _expose(msg):
     return msg["name"].startswith(("gp.kernel.", "gp.likelihood."))
 
 
+def _data_plates(X, y=None, subsample_size=None):
+    # AutoGuideList would draw the data plate from its first call (the training set and minibatch); drawn from each
+    # call's own inputs, the same guide also serves Predictive on test points
+    return pyro.plate("gp.data", X.shape[-2], subsample_size=subsample_size, dim=-1)
+
+
 def _autoguide_list(gp, auto_cls=AutoNormal):
-    guide = AutoGuideList(gp.model)
+    guide = AutoGuideList(gp.model, create_plates=_data_plates)
     guide.append(auto_cls(poutine.block(gp.model, expose_fn=_expose)))
     guide.append(gp.guide)
     return guide
