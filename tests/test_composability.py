@@ -386,7 +386,7 @@ def _gplvm(N=24, Q=2, D_out=3, M=6):
         with pyro.plate("data", len(Y), subsample_size=B, dim=-1) as i:
             x = pyro.sample("x", dist.Normal(torch.zeros(Q), 1.0).to_event(1))  # [..., (1,) B, Q]
             f = gp.sample_f(x, u)  # [..., D_out, B]
-            with gp._outputs_plate():
+            with gp.outputs_plate():
                 lik(f, Y[i].mT)
 
     def guide(Y, B=8):
