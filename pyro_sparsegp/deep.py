@@ -12,18 +12,14 @@ where :math:`q(f^L_i)` is reached point by point: given :math:`f^{l-1}_i`, :math
 layer's SVGP marginal at input :math:`f^{l-1}_i` (:meth:`SVGP.qf`; Salimbeni eq. 5-7), sampled by reparameterisation.
 With SOLVE-GP layers the marginal is eqs. 37-38 and the KL terms gain ``KL[q(v⊥) || p⊥(v⊥)]`` (Shi eq. 11, eq. 39).
 
-:class:`DeepGP` is that stack as a PyroModule:
+:class:`DeepGP` is that stack as a PyroModule, with these sites:
 
-=================  ============================================  ==========================================
-site               model                                         guide
-=================  ============================================  ==========================================
-``<layer>.u``      ``p(u)`` (and ``<layer>.v`` for SOLVE-GP)     ``q(u)`` (and ``q(v⊥)``)
-``<layer>.f``      hidden layers: ``p(f | u)`` at the sample     the same conditional: it cancels
-                   of the layer below
-``y``              ``E_{q(f^L | f^{L-1})}[log p(y | f^L)]``      —
-                   (``MarginalizedLikelihood`` at the last
-                   layer's ``q(f)``: its ``u`` integrated out)
-=================  ============================================  ==========================================
+* ``<layer>.u`` (and ``<layer>.v`` for SOLVE-GP): ``p(u)`` (``p⊥(v⊥)``) in the model, ``q(u)`` (``q(v⊥)``) in the
+  guide, outside the data plate;
+* ``<layer>.f`` of each hidden layer: ``p(f | u)`` at the sample of the layer below, in model and guide alike (it
+  cancels);
+* ``y`` (model only): ``E_{q(f^L | f^{L-1})}[log p(y | f^L)]``, a ``MarginalizedLikelihood`` at the last layer's
+  ``q(f)`` (its ``u`` integrated out),
 
 so ``Trace_ELBO`` (any number of vectorised particles) is an unbiased estimate of the DGP bound (eq. 11 for
 SOLVE-GP layers); prefer ``TraceMeanField_ELBO``, which takes the KL of the ``u`` sites in closed form: a hidden
