@@ -1,6 +1,26 @@
 """pyro_sparsegp: sparse variational Gaussian processes as Pyro distributions, guides and modules."""
 
-from . import bounds, composition, conditionals, datasets, distributions, infer, kernels, likelihoods, linalg, variational
+from . import (
+    bounds,
+    composition,
+    conditionals,
+    conv,
+    datasets,
+    deep,
+    distributions,
+    inducing,
+    infer,
+    kernels,
+    kernels_conv,
+    likelihoods,
+    linalg,
+    mean_functions,
+    variational,
+)
+from .conv import ConvLayer, DeepConvGP
+from .deep import DeepGP
+from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints
+from .kernels_conv import TICK, ConvKernel
 from .layers import SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
 from .likelihoods_multiclass import RobustMax, Softmax
@@ -11,6 +31,14 @@ __version__ = "0.1.0"
 __all__ = [
     "SVGP",
     "SOLVEGP",
+    "DeepGP",
+    "ConvKernel",
+    "TICK",
+    "InducingPoints",
+    "InducingPatches",
+    "IndexedInducingPatches",
+    "ConvLayer",
+    "DeepConvGP",
     "Likelihood",
     "Gaussian",
     "Bernoulli",
@@ -21,11 +49,16 @@ __all__ = [
     "bounds",
     "composition",
     "datasets",
+    "deep",
     "conditionals",
+    "conv",
+    "inducing",
+    "kernels_conv",
     "distributions",
     "infer",
     "kernels",
     "likelihoods",
     "linalg",
+    "mean_functions",
     "variational",
 ]

@@ -7,9 +7,11 @@ name           size             source
 powerplant     9568 x 4         UCI Combined Cycle Power Plant; split 0 of the Hernández-Lobato & Adams 2015
                                 / Gal & Ghahramani 2016 90/10 splits
 snelson        200 x 1          Snelson & Ghahramani 2006 1-D toy data (and 301 test inputs)
+kin8nm         8192 x 8         Delve kin8nm (robot-arm kinematics); split 0 of the Gal & Ghahramani 90/10 splits
 banana         5300 x 2         the 'banana' binary classification set (PMLB copy), labels mapped to {0, 1}
 vehicle        846 x 18         Statlog vehicle silhouettes, 4 classes (PMLB copy; ``data/vehicle/vehicle.tsv.gz``,
                                 read by ``tutorials/multiclass.ipynb``)
+mnist          2000 x 784       a stratified 2,000-image subset (200 per digit) of the MNIST test set
 =============  ===============  =============================================================================
 
 Every loader returns float tensors in the default dtype (or ``dtype``).
@@ -24,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["Split", "load_powerplant", "load_snelson", "load_banana", "standardize"]
+__all__ = ["Split", "load_powerplant", "load_kin8nm", "load_snelson", "load_banana", "load_mnist_subset", "standardize"]
 
 DATA = Path(__file__).parent / "data"
 
@@ -54,6 +56,16 @@ def load_powerplant(dtype=None) -> Split:
     return Split(_t(X[train], dtype), _t(y[train], dtype), _t(X[test], dtype), _t(y[test], dtype))
 
 
+def load_kin8nm(dtype=None) -> Split:
+    """kin8nm, split 0 (7373 train / 819 test rows), raw units."""
+    with gzip.open(DATA / "kin8nm" / "data.txt.gz", "rt") as fh:
+        data = np.loadtxt(fh)
+    test = np.loadtxt(DATA / "kin8nm" / "index_test_0.txt", dtype=int)
+    train = np.loadtxt(DATA / "kin8nm" / "index_train_0.txt", dtype=int)
+    X, y = data[:, :8], data[:, 8]
+    return Split(_t(X[train], dtype), _t(y[train], dtype), _t(X[test], dtype), _t(y[test], dtype))
+
+
 def load_snelson(dtype=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Snelson's 1-D data: ``(X [200, 1], y [200], X_test [301, 1])``."""
     d = DATA / "snelson"
@@ -68,6 +80,13 @@ def load_banana(dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
     with gzip.open(DATA / "banana" / "banana.tsv.gz", "rt") as fh:
         data = np.loadtxt(fh, skiprows=1)
     return _t(data[:, :2], dtype), _t((data[:, 2] > 0).astype(float), dtype)
+
+
+def load_mnist_subset(dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MNIST subset: ``(X [2000, 784], y [2000])``, pixels scaled to ``[0, 1]`` (images flattened row-major
+    ``28 x 28``), digit labels ``0..9`` as floats."""
+    d = np.load(DATA / "mnist" / "mnist_test_2000.npz")
+    return _t(d["images"].reshape(len(d["images"]), -1) / 255.0, dtype), _t(d["labels"].astype(float), dtype)
 
 
 def standardize(train: torch.Tensor, *others: torch.Tensor):

@@ -21,10 +21,10 @@ import warnings
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn import PyroModule, PyroParam
-from torch.distributions import constraints
+from pyro.nn import PyroModule
 
 from . import conditionals as cond
+from . import inducing as ind
 from .composition import (
     BoundModule,
     check_plate_alignment,
@@ -124,15 +124,20 @@ class SVGP(PyroModule):
     r"""Sparse variational GP (Hensman, Fusi, Lawrence 2013; Hensman, Matthews, Ghahramani 2015).
 
     :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel` (its hyperparameters are trained).
-    :param torch.Tensor Z: initial inducing inputs ``[M, D]`` (shared) or ``[L, M, D]`` (one set per output).
+    :param Z: initial inducing inputs ``[M, D]`` (shared) or ``[L, M, D]`` (one set per output), or any
+        :class:`~pyro_sparsegp.inducing.InducingVariables` (e.g. inducing patches of a convolutional kernel); read
+        back as ``gp.Z`` (the tensor) and ``gp.inducing`` (the module).
     :param likelihood: a :class:`~pyro_sparsegp.likelihoods.Likelihood`, or ``None`` for a hidden layer.
     :param int num_outputs: ``L`` independent outputs (``None``: a single output).
     :param bool whiten: put the prior ``N(0, I)`` on ``v = Luu^{-1} u`` instead of ``N(0, Kuu)`` on ``u``.
     :param str name: prefix of the sample sites.
     :param bool integrate_f: observe ``y`` from :class:`MarginalizedLikelihood` (``f`` integrated out given ``u``;
-        the default for likelihoods that are piecewise constant in ``f``, such as robust-max, whose sampled ``f``
-        site carries no gradient; ``False`` is refused for them);
-        same bound, lower variance) instead of sampling the ``<name>.f`` site.
+        same bound, lower variance) instead of sampling the ``<name>.f`` site. The default (``None``) integrates for
+        likelihoods that are piecewise constant in ``f``, such as robust-max, whose sampled ``f`` site carries no
+        gradient (``False`` warns for them), and samples ``f`` otherwise.
+    :param mean_function: a :class:`~pyro_sparsegp.mean_functions.MeanFunction` ``m`` (default: zero): the layer
+        models ``f = m(X) + g`` with ``g ~ GP(0, k)`` and ``u = g(Z)``, so ``m(X)`` ``[..., B, L]`` is added, per
+        output, to the mean of ``p(f | u)`` and of ``q(f)`` (Salimbeni & Deisenroth 2017, section 3).
 
     Shapes (``B`` points, ``L`` outputs):
 
@@ -158,9 +163,11 @@ class SVGP(PyroModule):
         name: str = "gp",
         integrate_f: bool | None = None,
         jitter: float | None = None,
+        mean_function=None,
     ):
-        super().__init__(name=name)  # parameters are named "<name>.Z", "<name>.q_u.u_loc", ... in Pyro's store
-        check_module_args(kernel, Z, likelihood, num_outputs, jitter)
+        super().__init__(name=name)  # parameters are "<name>.inducing.Z", "<name>.q_u.u_loc", ... in Pyro's store
+        if torch.is_tensor(Z):  # inducing points; other inducing variables check themselves (inducing.check)
+            check_module_args(kernel, Z, likelihood, num_outputs, jitter)
         _claim_store_names(name)
         piecewise = bool(getattr(likelihood, "piecewise_constant", False))
         if integrate_f is None:
@@ -173,26 +180,44 @@ class SVGP(PyroModule):
                 UntrainableWarning,
                 stacklevel=2,
             )
-        if Z.dim() not in (2, 3):
-            raise ValueError(f"Z must be [M, D] or [L, M, D], got shape {tuple(Z.shape)}")
+        inducing = ind.as_inducing(Z)  # a tensor Z: inducing points; or inducing patches (pyro_sparsegp.inducing)
+        Z = inducing.Z
         if Z.dim() == 3 and (num_outputs is None or Z.shape[0] != num_outputs):
             raise ValueError(f"Z of shape {tuple(Z.shape)} needs num_outputs == {Z.shape[0]}")
         _check_finite("Z", Z)
+        inducing.check(kernel)
         self.kernel = kernel
-        self.Z = PyroParam(Z.clone(), constraints.real)
+        self.inducing = inducing
         self.likelihood = likelihood
         self.num_outputs = num_outputs
         self.whiten = whiten
         self.name = name
         self.integrate_f = integrate_f
         self.jitter = jitter
+        out = getattr(mean_function, "out_dim", None)
+        if out is not None and out != (num_outputs or 1):
+            raise ValueError(f"the mean function has {out} outputs but the layer has {num_outputs or 1}")
+        self.mean_function = mean_function
         M = Z.shape[-2]
         scale_tril = None
-        if not whiten and not sampled_attributes(kernel, names=False):  # start at the prior q(u) = p(u) (no prior draw of theta)
+        if not whiten and not sampled_attributes(kernel, names=False):  # start at q(u) = p(u) (unless theta is sampled)
             with torch.no_grad():
-                scale_tril = cholesky(kernel_matrix(kernel, Z.detach()), jitter)
+                scale_tril = cholesky(ind.Kuu(inducing, kernel), jitter)
         self.q_u = GaussianQ(M, num_outputs, scale_tril)
         self._cache = {}
+
+    @property
+    def Z(self) -> torch.Tensor:
+        """The inducing inputs (or inducing patches) ``[M, d]`` or ``[L, M, d]``: ``self.inducing.Z``."""
+        return self.inducing.Z
+
+    @Z.setter
+    def Z(self, value):
+        self.inducing.Z = value
+
+    @Z.deleter
+    def Z(self):
+        del self.inducing.Z
 
     # -- covariances, computed once per ELBO evaluation ---------------------------------------------------------
     def _param_key(self):
@@ -203,7 +228,7 @@ class SVGP(PyroModule):
         key = ("luu", self._param_key())
         if consume and key in self._cache:
             return self._cache.pop(key)
-        Kuu = kernel_matrix(self.kernel, self.Z)
+        Kuu = ind.Kuu(self.inducing, self.kernel)
         out = (Kuu, cholesky(Kuu, self.jitter))
         if not consume:
             self._cache = {key: out}
@@ -225,9 +250,9 @@ class SVGP(PyroModule):
             return self._cache.pop(key)
         Kuu, Luu = self._kuu_chol(consume)
         Xk = self._align(X)
-        Kuf = kernel_matrix(self.kernel, self.Z, Xk)  # [..., (L|1,) M, B]
+        Kuf = ind.Kuf(self.inducing, self.kernel, Xk)  # [..., (L|1,) M, B]
         (W,) = project_chol(Kuu, Luu, Kuf)  # W = Luu^{-1} Kuf, gradient straight to Kuu
-        kdiag = kernel_diag(self.kernel, Xk)  # [..., (1,) B]
+        kdiag = ind.Kff_diag(self.kernel, Xk)  # [..., (1,) B]
         stats = (Luu, W, kdiag)
         if not consume:
             self._cache[key] = stats
@@ -240,6 +265,22 @@ class SVGP(PyroModule):
         if self.num_outputs is not None and X.dim() == 2:
             return X.unsqueeze(-3)
         return X
+
+    def _mean(self, X):
+        """The mean function at ``X`` ``[..., B, D]`` laid out like ``f``: ``[..., B]`` or ``[..., L, B]`` (``0.0``
+        without one). ``m(X)`` ``[..., K, B, L]`` with ``K`` in ``{1, L}`` (X's dim -3 stands at f's dim -2):
+        output ``l`` reads row ``l`` (or the only row) of ``X``."""
+        if self.mean_function is None:
+            return 0.0
+        m = self.mean_function(X)
+        L = self.num_outputs or 1
+        if m.shape[-1] != L:
+            raise ValueError(f"the mean function gave {m.shape[-1]} outputs at inputs {tuple(X.shape)}; expected {L}")
+        if self.num_outputs is None:
+            return m.squeeze(-1)
+        if X.dim() == 2 or m.shape[-3] == 1:
+            return (m if X.dim() == 2 else m.squeeze(-3)).mT
+        return torch.diagonal(m, dim1=-3, dim2=-1).mT
 
     # -- distributions ------------------------------------------------------------------------------------------
     @layer_method
@@ -281,14 +322,15 @@ class SVGP(PyroModule):
     def _moments(self, X, u, consume):
         """Mean and variance of ``p(f | u)`` at ``X``, each ``[..., B]`` or ``[..., L, B]``."""
         Luu, W, kdiag = self._stats(X, consume)
-        loc = cond.conditional_loc(u, W, None if self.whiten else Luu)
+        loc = cond.conditional_loc(u, W, None if self.whiten else Luu) + self._mean(X)
         return loc, cond.conditional_var(kdiag, W).expand_as(loc)
 
     @layer_method
     def qf(self, X: torch.Tensor, consume: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Marginals of ``q(f)`` at ``X`` (Hensman 2015 eq. 8): ``(mean, var)``."""
         Luu, W, kdiag = self._stats(X, consume)
-        return cond.qf_marginals(W, kdiag, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
+        loc, var = cond.qf_marginals(W, kdiag, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
+        return loc + self._mean(X), var
 
     # -- sites --------------------------------------------------------------------------------------------------
     def _outputs_plate(self, new: bool = False):
@@ -331,9 +373,10 @@ class SVGP(PyroModule):
 
     def _check_data(self, X, y, subsample_size=None, num_data=None, purpose="model"):
         check_data(self, X, y, subsample_size, num_data, purpose)
-        if X.dim() < 2 or X.shape[-1] != self.Z.shape[-1]:
+        D = self.inducing.input_dim(self.kernel)
+        if X.dim() < 2 or X.shape[-1] != D:
             raise ValueError(
-                f"X must be [..., N, D] with D = {self.Z.shape[-1]} (the inducing inputs' dimension); "
+                f"X must be [..., N, D] with D = {D} (the inputs' dimension for the inducing variables); "
                 f"got shape {tuple(X.shape)}"
             )
         _check_finite("X", X)
@@ -448,7 +491,7 @@ class SVGP(PyroModule):
         terms, proj = self._full_terms(X)
         self._cache.clear()
         cov = kernel_matrix(self.kernel, Xk) - sum(P.mT @ P for P in proj)  # [(L|1,) N, N]
-        mean = 0.0
+        mean = self._mean(X)
         for W, loc, tril, L in terms:
             A = W if L is None else solve_lower(L, W, transpose=True)
             mean = mean + (loc.unsqueeze(-2) @ A).squeeze(-2)

@@ -52,11 +52,15 @@ class IllConditionedWarning(UserWarning):
 
 
 _REPORTED: set = set()
+_RESET_HOOKS: list = []  # other modules' memories of what they checked or reported
 
 
 def reset_warnings() -> None:
-    """Forget which causes :func:`cholesky` has reported, so that each warns again (once)."""
+    """Forget which causes the package has reported (here and in :mod:`pyro_sparsegp.validation`), so that each
+    warns again (once)."""
     _REPORTED.clear()
+    for hook in _RESET_HOOKS:
+        hook()
 
 
 def _warn_once(cause, message, category, stacklevel=3):

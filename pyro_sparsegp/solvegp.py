@@ -37,14 +37,12 @@ from __future__ import annotations
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn import PyroParam
-from torch.distributions import constraints
 
 from . import conditionals as cond
+from . import inducing as ind
 from .composition import draw_hyperparameters, layer_method, sampled_attributes
 from .distributions.kl import ConditionalNormal
-from .kernels import kernel_diag, kernel_matrix
-from .layers import SVGP, _check_finite, _XKey
+from .layers import SVGP, _XKey
 from .linalg import cholesky, gram, project_chol
 from .validation import check_orthogonal_inputs
 from .variational import GaussianQ
@@ -57,7 +55,8 @@ class SOLVEGP(SVGP):
 
     :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel`.
     :param torch.Tensor Z: ``[M, D]`` or ``[L, M, D]``.
-    :param torch.Tensor O: ``[M2, D]`` or ``[L, M2, D]`` (same sharing as ``Z``).
+    :param O: ``[M2, D]`` or ``[L, M2, D]`` (same sharing as ``Z``), or inducing variables of the same kind as ``Z``
+        (e.g. :class:`~pyro_sparsegp.inducing.InducingPatches`: both sets are patches).
     :param bool odvgp: restrict ``q(v⊥)`` to the prior covariance (``S_v = C_vv``; only ``m_v`` is learnt):
         the orthogonally decoupled method of Salimbeni et al. (2018), a special case (section 3.3 of the paper).
 
@@ -74,23 +73,43 @@ class SOLVEGP(SVGP):
         num_outputs=None,
         whiten=True,
         name="gp",
-        integrate_f=False,
+        integrate_f=None,
         jitter=None,
         odvgp=False,
+        mean_function=None,
     ):
-        super().__init__(kernel, Z, likelihood, num_outputs, whiten, name, integrate_f, jitter)
-        check_orthogonal_inputs(O, Z)
+        super().__init__(kernel, Z, likelihood, num_outputs, whiten, name, integrate_f, jitter, mean_function)
+        if torch.is_tensor(O):
+            check_orthogonal_inputs(O, self.Z)
+        Z, orthogonal = self.Z, ind.as_inducing(O)  # O: a tensor (inducing points) or inducing variables like Z's
+        if type(orthogonal) is not type(self.inducing):
+            raise ValueError(f"O must be the same kind of inducing variable as Z ({type(self.inducing).__name__}), "
+                             f"got {type(orthogonal).__name__}")
+        O = orthogonal.Z  # noqa: E741
         if O.dim() != Z.dim() or O.shape[-1] != Z.shape[-1] or O.shape[:-2] != Z.shape[:-2]:
             raise ValueError(f"O must be shaped like Z ([..., M2, D] with D = {Z.shape[-1]}); got {tuple(O.shape)}")
-        _check_finite("O", O)
-        self.O = PyroParam(O.clone(), constraints.real)
+        orthogonal.check(kernel)
+        self.orthogonal = orthogonal
         self.odvgp = odvgp
         M2 = O.shape[-2]
         scale_tril = None
         if not whiten and not odvgp and not sampled_attributes(kernel, names=False):  # start at the prior q(v⊥) = p(v⊥)
             with torch.no_grad():
-                scale_tril = self._joint_chol(consume=False)[1]
+                scale_tril = self._factors()[1]  # not the layer method: the module may still be nested
         self.q_v = GaussianQ(M2, num_outputs, scale_tril, learn_scale=not odvgp)
+
+    @property
+    def O(self) -> torch.Tensor:  # noqa: E743 (the paper's name)
+        """The orthogonal inducing inputs (or patches) ``[(L,) M2, d]``: ``self.orthogonal.Z``."""
+        return self.orthogonal.Z
+
+    @O.setter
+    def O(self, value):  # noqa: E743
+        self.orthogonal.Z = value
+
+    @O.deleter
+    def O(self):  # noqa: E743
+        del self.orthogonal.Z
 
     # -- covariances (algorithm 1, lines 1-2 and 3-4) -----------------------------------------------------------
     def _factors(self, Xk=None):
@@ -98,19 +117,19 @@ class SOLVEGP(SVGP):
         ``Luu = chol(Kuu)``, ``A = Luu^{-1} Kuv`` ``[M, M2]``, ``Lc = chol(Kvv - A^T A)``, and with inputs
         ``B = Luu^{-1} Kuf``, ``D = Lc^{-1} (Kvf - A^T B)``. ``A`` and ``B`` are one :func:`project_chol` call, so
         the backward pass solves against ``Luu`` once for both; ``A^T A`` is a :func:`gram`."""
-        k = self.kernel
-        Kuu = kernel_matrix(k, self.Z)
+        k, u, v = self.kernel, self.inducing, self.orthogonal
+        Kuu = ind.Kuu(u, k)
         Luu = cholesky(Kuu, self.jitter)  # [(L,) M, M]
-        Kuv = kernel_matrix(k, self.Z, self.O)
+        Kuv = ind.Kuu(u, k, v)
         if Xk is None:
             (A,) = project_chol(Kuu, Luu, Kuv)
         else:
-            A, B = project_chol(Kuu, Luu, Kuv, kernel_matrix(k, self.Z, Xk))  # [(L,) M, M2], [..., (L,) M, B]
-        Cvv = kernel_matrix(k, self.O) - gram(A)
+            A, B = project_chol(Kuu, Luu, Kuv, ind.Kuf(u, k, Xk))  # [(L,) M, M2], [..., (L,) M, B]
+        Cvv = ind.Kuu(v, k) - gram(A)
         Lc = cholesky(Cvv, self.jitter)  # [(L,) M2, M2]; the factorisation reads the lower triangle only
         if Xk is None:
             return Luu, Lc, A
-        (D,) = project_chol(Cvv, Lc, kernel_matrix(k, self.O, Xk) - A.mT @ B)  # [..., (L,) M2, B]
+        (D,) = project_chol(Cvv, Lc, ind.Kuf(v, k, Xk) - A.mT @ B)  # [..., (L,) M2, B]
         return Luu, Lc, A, B, D
 
     @layer_method
@@ -135,7 +154,7 @@ class SOLVEGP(SVGP):
             return self._cache.pop(key)
         Xk = self._align(X)
         Luu, Lc, A, B, D = self._factors(Xk)
-        kdiag = kernel_diag(self.kernel, Xk)  # [..., (1,) B]
+        kdiag = ind.Kff_diag(self.kernel, Xk)  # [..., (1,) B]
         stats = (Luu, Lc, B, D, kdiag)
         if not consume:  # the factors are left for the model's priors / the KL (one factorisation per evaluation)
             self._cache = {("chol2", self._param_key()): (Luu, Lc, A), key: stats}
@@ -184,17 +203,18 @@ class SOLVEGP(SVGP):
         u, v = uv
         stats = self._stats(X, consume)
         loc_perp, var = self._perp_moments(stats, v)
-        loc = cond.conditional_loc(u, stats[2], None if self.whiten else stats[0]) + loc_perp
+        loc = cond.conditional_loc(u, stats[2], None if self.whiten else stats[0]) + loc_perp + self._mean(X)
         return loc, var.expand_as(loc)
 
     @layer_method
     def project(self, X, u, consume=True):
-        """``Kfu Kuu⁻¹ u`` at ``X`` ``[..., B, D]``: the part of ``f`` in the span of the inducing points (eq. 4),
+        """``Kfu Kuu⁻¹ u`` at ``X`` ``[..., B, D]`` (plus the mean function ``m(X)``, if any): the part of ``f`` in
+        the span of the inducing points (eq. 4),
         ``[..., B]`` or ``[..., L, B]``; ``u`` as returned by :meth:`sample_u` (whitened: ``Luu⁻¹ u``). Called in the
         model, it takes the factors that the guide's :meth:`sample_f_perp` left for these inputs (one factorisation
         per ELBO evaluation), and computes them otherwise."""
         Luu, Lc, B, D, kdiag = self._stats(X, consume)
-        return cond.conditional_loc(u, B, None if self.whiten else Luu)
+        return cond.conditional_loc(u, B, None if self.whiten else Luu) + self._mean(X)
 
     @layer_method
     def orthogonal_conditional(self, X, v, consume=False) -> ConditionalNormal:
@@ -222,7 +242,7 @@ class SOLVEGP(SVGP):
         Luu, Lc, B, D, kdiag = self._stats(X, consume)
         lu, vu = cond.qf_terms(B, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
         lv, vv = cond.qf_terms(D, self.q_v.u_loc, self._v_scale(Lc), None if self.whiten else Lc)
-        return lu + lv, cond.clamp_var(kdiag + vu + vv)
+        return lu + lv + self._mean(X), cond.clamp_var(kdiag + vu + vv)
 
     def _full_terms(self, X):
         Luu, Lc, B, D, _ = self._stats(X, consume=False)

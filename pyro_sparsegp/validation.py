@@ -22,7 +22,7 @@ import numbers
 import torch
 
 from .kernels import expected_input_dim, required_features
-from .linalg import _warn_once
+from .linalg import _RESET_HOOKS, _warn_once
 
 __all__ = ["InputPrecisionWarning", "check_tensor", "check_module_args", "check_orthogonal_inputs", "check_data"]
 
@@ -76,9 +76,17 @@ def _precision_hint(x, dtype) -> str:
     return ""
 
 
+_LAST_CHECKED: dict = {}  # name -> key of the tensor last checked (the full X is passed at every step)
+_RESET_HOOKS.append(_LAST_CHECKED.clear)
+
+
 def check_precision(x: torch.Tensor, name: str) -> None:
     """Warn (:class:`InputPrecisionWarning`, once per name and dtype) when the offset of ``x`` dwarfs its spread in
-    its own dtype."""
+    its own dtype. A tensor checked last time (same object, version, shape) is not scanned again."""
+    key = (id(x), x._version, tuple(x.shape), x.dtype)
+    if _LAST_CHECKED.get(name) == key:
+        return
+    _LAST_CHECKED[name] = key
     if x.is_floating_point() and _resolution_lost(x, x.dtype):
         _warn_once(
             ("precision", name, x.dtype),

@@ -244,7 +244,7 @@ def test_multiclass_svgp_svi_gives_every_parameter_a_gradient(per_class_Z):
     loss = TraceMeanField_ELBO(max_plate_nesting=2).differentiable_loss(gp.model, gp.guide, X, y)
     loss.backward()
     names = {n for n, _ in gp.named_parameters()}
-    assert {"Z_unconstrained", "kernel.variance_unconstrained", "kernel.lengthscale_unconstrained",
+    assert {"inducing.Z_unconstrained", "kernel.variance_unconstrained", "kernel.lengthscale_unconstrained",
             "q_u.u_loc_unconstrained", "q_u.u_scale_tril_unconstrained"} <= names
     for name, p in gp.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name

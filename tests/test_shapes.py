@@ -97,7 +97,7 @@ def test_every_parameter_changes_after_one_svi_step(whiten, local):
         assert {k.replace("_unconstrained", "") for k in before} == {
             "kernel.variance",
             "kernel.lengthscale",
-            "Z",
+            "inducing.Z",
             "likelihood.noise",
             "q_u.u_loc",
             "q_u.u_scale_tril",

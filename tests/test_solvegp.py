@@ -157,7 +157,7 @@ def test_every_parameter_changes_and_outputs_batch():
     X, y, gp = _problem("gaussian", whiten=True)
     opt = torch.optim.Adam(gp.parameters(), lr=0.05)
     before = {k: v.detach().clone() for k, v in gp.named_parameters()}
-    assert {"O_unconstrained", "q_v.u_loc_unconstrained", "q_v.u_scale_tril_unconstrained"} <= set(before)
+    assert {"orthogonal.Z_unconstrained", "q_v.u_loc_unconstrained", "q_v.u_scale_tril_unconstrained"} <= set(before)
     loss = TraceMeanField_ELBO().differentiable_loss(gp.model, gp.guide, X, y)
     loss.backward()
     opt.step()

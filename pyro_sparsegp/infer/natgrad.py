@@ -145,6 +145,9 @@ def _damped_length(theta2, target2, lr):
 
 
 def _squeeze_outputs(svgp, Luu, W, kdiag):
+    if getattr(svgp, "mean_function", None) is not None:
+        raise ValueError("these natural-gradient steps assume a zero mean function; train a layer with a mean "
+                         "function with Adam (or with natural gradients from the backward pass)")
     if svgp.num_outputs is not None:
         if Luu.dim() == 2:
             Luu = Luu.expand(svgp.num_outputs, *Luu.shape)
@@ -354,9 +357,12 @@ def natgrad_from_grads_(q, lr: float) -> None:
 def natgrad_families(module) -> list:
     """The variational families that natural-gradient steps train: every full-covariance
     :class:`~pyro_sparsegp.variational.GaussianQ` in ``module`` (q(u) of an SVGP; q(u) and q(v⊥) of a SOLVE-GP;
-    ODVGP's mean-only q(v⊥) is not one and stays with the ordinary optimiser)."""
+    ODVGP's mean-only q(v⊥) is not one and stays with the ordinary optimiser). A module may choose its own with a
+    ``natgrad_families()`` method (:class:`~pyro_sparsegp.DeepGP`: the last layer's q(u) only)."""
     from ..variational import GaussianQ
 
+    if hasattr(module, "natgrad_families"):
+        return list(module.natgrad_families())
     return [m for m in module.modules() if isinstance(m, GaussianQ) and m.learn_scale]
 
 

@@ -1,0 +1,245 @@
+"""Convolutional GPs on MNIST and Fashion-MNIST (Shi, Titsias, Mnih 2020, sec. 6.2, tables 8-9; van der Wilk et al.
+2017; Dutordoir et al. 2020): RBF SVGP, weighted-convolutional SVGP (M and 2M), convolutional SOLVE-GP (M + M), TICK
+SVGP, and 2-layer deep convolutional SVGP / SOLVE-GP (table 5: hidden 5x5 stride 1, 10 channels; TICK output layer
+4x4 stride 2), all with the robust-max likelihood (10 latent GPs, shared inducing patches), trained side by side on
+the same minibatches.
+
+Data: ``mnist`` = the 10,000 real MNIST test images (the only MNIST images in ``shared/data``), stratified 8,000 /
+2,000; ``fashion`` = Fashion-MNIST 60,000 / 10,000. Pixels in [0, 1].
+
+Defaults are the paper's (appendix G.2): M = 1000 (single layer), 384 hidden / 1000 output (deep), |B| = 64,
+Adam lr 0.003 annealed x0.25 every 50K of 300K iterations, patch RBF variance 5 (lengthscale 1 for pixels in
+[0, 1], where the paper's 5 made Kuu numerically singular in float32), TICK location
+lengthscale 3, whitening in single-layer models only, k-means-initialised patches. ``--quick``: MNIST 8k/2k and
+Fashion 8k/2k subsets, M = 100 (deep: 50 hidden / 100 output), 150 iterations at lr 0.01, |B| = 64.
+
+Rows: ``{"dataset", "model", "M", "accuracy", "test_ll", "s_per_iter"}``; the table adds the peak memory per step
+(``torch.cuda.max_memory_allocated`` on a GPU, the process's resident set on CPU) and, for reference, the paper's
+0.241 s/iter for conv SVGP (M = 1000, |B| = 64, one GPU, CIFAR-10: 784 patches of 5x5x3; here 576 of 5x5).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyro
+import torch
+from pyro.contrib.gp.kernels import RBF
+from pyro.infer import SVI, TraceMeanField_ELBO
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _classification_data import _idx, stratified_split  # noqa: E402
+from _common import parser, setup, table, write_json  # noqa: E402
+
+import pyro_sparsegp as ps  # noqa: E402
+from pyro_sparsegp.conv import ConvLayer, DeepConvGP, init_patches, kmeans, log_likelihood_and_accuracy  # noqa: E402
+from pyro_sparsegp.linalg import cholesky  # noqa: E402
+
+IMG = (28, 28, 1)
+KEYS = ("dataset", "model", "M", "accuracy", "test_ll", "s_per_iter")
+PAPER_S_PER_ITER = 0.241  # conv SVGP, M = 1000, |B| = 64, one GPU (Shi et al. 2020, table 8)
+
+
+def data_root() -> Path:
+    """``shared/data`` beside the checkout (``/work/shared/data`` for a worktree under ``/work/wt``)."""
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "shared" / "data").is_dir():
+            return parent / "shared" / "data"
+    raise FileNotFoundError("no shared/data directory above this benchmark")
+
+
+def load(name, quick, rng):
+    DATA = data_root()
+    if name == "mnist":
+        d = DATA / "mnist" / "gpflow_partial"
+        X = _idx(d / "t10k-images-idx3-ubyte.gz").reshape(10000, -1) / 255.0
+        y = _idx(d / "t10k-labels-idx1-ubyte.gz").astype(float)
+        tr, te = stratified_split(y, 0.8, rng)
+        Xtr, ytr, Xte, yte = X[tr], y[tr], X[te], y[te]
+    else:
+        d = DATA / "fashion_mnist"
+        Xtr = _idx(d / "train-images-idx3-ubyte.gz").reshape(-1, 784) / 255.0
+        ytr = _idx(d / "train-labels-idx1-ubyte.gz").astype(float)
+        Xte = _idx(d / "t10k-images-idx3-ubyte.gz").reshape(-1, 784) / 255.0
+        yte = _idx(d / "t10k-labels-idx1-ubyte.gz").astype(float)
+        if quick:  # stratified subsets of the official split
+            a, _ = stratified_split(ytr, 8000 / len(ytr), rng)
+            b, _ = stratified_split(yte, 2000 / len(yte), rng)
+            Xtr, ytr, Xte, yte = Xtr[a], ytr[a], Xte[b], yte[b]
+    t = lambda a: torch.tensor(np.asarray(a), dtype=torch.get_default_dtype())  # noqa: E731
+    return t(Xtr), t(ytr), t(Xte), t(yte)
+
+
+def patch_kernel(d, args):
+    return RBF(d, variance=torch.tensor(args.variance), lengthscale=torch.tensor(args.lengthscale))
+
+
+def build(model, Xtr, M, args):
+    """The model (a module with ``model``/``guide``) and a predictive function ``X -> probs [S, N, K]``."""
+    lik = ps.RobustMax(10)
+    if model == "rbf":
+        Z = kmeans(Xtr[torch.randperm(len(Xtr))[: 20 * M]], M)
+        gp = ps.SVGP(RBF(784, variance=torch.tensor(5.0), lengthscale=torch.tensor(5.0)), Z, lik, num_outputs=10,
+                     whiten=True, integrate_f=True)
+    elif model in ("conv", "conv_solve", "tick"):
+        kern_cls = ps.TICK if model == "tick" else ps.ConvKernel
+        kw = {"location_lengthscale": args.location_lengthscale} if model == "tick" else {}
+        k = kern_cls(patch_kernel(25, args), IMG, 5, 1, **kw)
+        n_init = 2 * M if model == "conv_solve" else M
+        P = init_patches(Xtr, IMG, 5, n_init, per_centre=args.per_centre)
+        if model == "tick":
+            Z = ps.IndexedInducingPatches(P, grid=k.grid)
+        else:
+            Z = ps.InducingPatches(P[:M])
+        if model == "conv_solve":
+            gp = ps.SOLVEGP(k, Z, ps.InducingPatches(P[M:]), lik, num_outputs=10, whiten=True, integrate_f=True)
+        else:
+            gp = ps.SVGP(k, Z, lik, num_outputs=10, whiten=True, integrate_f=True)
+    elif model in ("deep", "deep_solve"):
+        M0, M1 = M
+        solve = model == "deep_solve"
+        P0 = init_patches(Xtr, IMG, 5, 2 * M0 if solve else M0, per_centre=args.per_centre)
+        hidden = ConvLayer(patch_kernel(25, args), IMG, 5, 1, 10, P0[:M0], P0[M0:] if solve else None, name="conv0")
+        # provisional output layer (identity-conv mean feature maps); re-initialised below from hidden samples
+        with torch.no_grad():
+            H0 = hidden.mean_function(Xtr[:500]).reshape(500, -1)
+        P1 = init_patches(H0, hidden.output_image_shape, 4, 2 * M1 if solve else M1, stride=2, per_centre=10)
+        k = ps.TICK(patch_kernel(160, args), hidden.output_image_shape, 4, 2,
+                    location_lengthscale=args.location_lengthscale)
+        Z = ps.IndexedInducingPatches(P1[:M1], grid=k.grid)
+        if solve:
+            O = ps.IndexedInducingPatches(P1[M1:], grid=k.grid)  # noqa: E741
+            out = ps.SOLVEGP(k, Z, O, lik, num_outputs=10, whiten=False, integrate_f=True, name="out")
+        else:
+            out = ps.SVGP(k, Z, lik, num_outputs=10, whiten=False, integrate_f=True, name="out")
+        gp = DeepConvGP([hidden], out)
+        # output-layer patches: k-means of patches of hidden-layer samples at initialisation (propagated through the
+        # initial model, as Shi et al. propagate images through random filters), the output patch kernel's lengthscale
+        # from their median distance (the hidden samples' scale is set by the hidden kernel's variance); q(u), q(v)
+        # reset to the prior
+        with torch.no_grad(), pyro.poutine.block():
+            H0 = gp.hidden[0].sample(Xtr[torch.randperm(len(Xtr))[:500]])
+            P1 = init_patches(H0, hidden.output_image_shape, 4, 2 * M1 if solve else M1, stride=2,
+                              per_centre=args.per_centre)
+            out.inducing.Z = P1[:M1]
+            out.kernel.base_kernel.lengthscale = torch.cdist(P1, P1).median()
+            if solve:
+                out.orthogonal.Z = P1[M1:]
+                Luu, Lc, _ = out._factors()
+                out.q_v.set(torch.zeros_like(out.q_v.u_loc), Lc.expand_as(out.q_v.u_scale_tril))
+            else:
+                Luu = cholesky(ps.inducing.Kuu(out.inducing, out.kernel))
+            out.q_u.set(torch.zeros_like(out.q_u.u_loc), Luu.expand_as(out.q_u.u_scale_tril))
+        return gp, lambda X: gp.predict(X, num_samples=args.samples, batch_size=args.eval_batch)
+    else:
+        raise KeyError(model)
+
+    def predict(X):
+        out = []
+        with torch.no_grad():
+            for s in range(0, len(X), args.eval_batch):
+                out.append(gp.predict(X[s : s + args.eval_batch], full=True)[2].probs)
+        return torch.cat(out, -2)
+
+    return gp, predict
+
+
+def memory_mb():
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run(dataset, model, M, data, args):
+    Xtr, ytr, Xte, yte = data
+    pyro.set_rng_seed(0)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    gp, predict = build(model, Xtr, M, args)
+    N = len(Xtr)
+    elbo = TraceMeanField_ELBO(num_particles=args.particles, vectorize_particles=args.particles > 1,
+                               max_plate_nesting=2)
+    decay = 0.25 ** (1.0 / args.anneal_every)
+    opt = pyro.optim.ClippedAdam({"lr": args.lr, "lrd": decay})
+    svi = SVI(gp.model, gp.guide, opt, elbo)
+    g = torch.Generator().manual_seed(1)
+    mem, losses, t_train = 0.0, [], 0.0
+    for it in range(1, args.iters + 1):
+        idx = torch.randint(0, N, (args.batch,), generator=g)
+        t0 = time.perf_counter()
+        loss = svi.step(Xtr[idx], ytr[idx], num_data=N)
+        t_train += time.perf_counter() - t0
+        losses.append(loss / N)
+        mem = max(mem, memory_mb())
+        if it % args.log_every == 0 or it == args.iters:
+            print(f"#   {dataset} {model} it {it}: loss/N {np.mean(losses[-args.log_every:]):.4f}, "
+                  f"{t_train / it:.3f} s/iter, peak memory {mem:.0f} MB", flush=True)
+    t0 = time.perf_counter()
+    probs = predict(Xte)
+    ll, acc = log_likelihood_and_accuracy(probs, yte)
+    Mn = f"{M[0]},{M[1]}" if isinstance(M, tuple) else M
+    if model in ("conv_solve",):
+        Mn = f"{M}+{M}"
+    if model == "deep_solve":
+        Mn = f"{M[0]}+{M[0]},{M[1]}+{M[1]}"
+    return {"dataset": dataset, "model": model, "M": Mn, "accuracy": acc, "test_ll": ll,
+            "s_per_iter": t_train / args.iters, "peak_mem_MB": mem, "eval_s": time.perf_counter() - t0}
+
+
+def main():
+    p = parser(__doc__)
+    p.add_argument("--datasets", default="mnist,fashion")
+    p.add_argument("--models", default="rbf,conv,conv2M,conv_solve,tick,deep,deep_solve")
+    p.add_argument("--M", type=int, default=None, help="inducing patches (single layer); default 1000, quick 100")
+    p.add_argument("--M-deep", default=None, help="hidden,output inducing patches; default 384,1000, quick 50,100")
+    p.add_argument("--iters", type=int, default=None)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--anneal-every", type=int, default=50_000, help="lr x0.25 every this many iterations")
+    p.add_argument("--lengthscale", type=float, default=1.0,
+                   help="patch RBF lengthscale (the paper's 5 is for its unstated pixel scale; ours is [0, 1])")
+    p.add_argument("--variance", type=float, default=5.0)
+    p.add_argument("--location-lengthscale", type=float, default=3.0)
+    p.add_argument("--per-centre", type=int, default=100, help="k-means on M x this many patches")
+    p.add_argument("--particles", type=int, default=1)
+    p.add_argument("--samples", type=int, default=5, help="propagated samples for deep-model prediction")
+    p.add_argument("--eval-batch", type=int, default=250)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--float64", action="store_true")
+    args = p.parse_args()
+    setup(args)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    torch.set_default_dtype(torch.float64 if args.float64 else torch.float32)
+    M = args.M or (100 if args.quick else 1000)
+    Md = tuple(int(v) for v in (args.M_deep or ("50,100" if args.quick else "384,1000")).split(","))
+    args.iters = args.iters or (150 if args.quick else 300_000)
+    args.lr = args.lr or (0.01 if args.quick else 0.003)
+    rows = []
+    for dataset in args.datasets.split(","):
+        data = load(dataset, args.quick, np.random.default_rng(0))
+        print(f"# {dataset}: {len(data[0])} train / {len(data[2])} test images", flush=True)
+        for model in args.models.split(","):
+            m = {"conv2M": 2 * M, "deep": Md, "deep_solve": Md}.get(model, M)
+            row = run(dataset, "conv" if model == "conv2M" else model, m, data, args)
+            rows.append(row)
+            print(table([row], list(row)), flush=True)
+            write_json(args.json, [{k: r[k] for k in KEYS} for r in rows])  # after every row: a partial run counts
+    for r in rows:
+        r["paper_conv_s_per_iter"] = PAPER_S_PER_ITER
+        r["ratio_to_paper"] = r["s_per_iter"] / PAPER_S_PER_ITER
+    print("\n" + table(rows, list(rows[0])))
+    write_json(args.json, [{k: r[k] for k in KEYS} for r in rows])
+
+
+if __name__ == "__main__":
+    main()

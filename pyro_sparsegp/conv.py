@@ -1,0 +1,251 @@
+r"""Convolutional GP layers: a hidden convolutional GP layer and a deep convolutional GP (Blomqvist, Kaski and
+Heinonen 2018; Dutordoir et al. 2020; the SOLVE-GP version of Shi, Titsias and Mnih 2020, sec. 4, eq. 11 and
+appendix G.2, table 5), plus inducing-patch initialisation.
+
+**Hidden layer** (:class:`ConvLayer`). Input: flattened feature maps ``X`` ``[..., B, H*W*C_in]``. Patches
+``x[p]`` (``h x w x C_in``, stride ``s``, ``P_out`` output locations). Output channel ``c`` at location ``p``:
+``F[p, c] = m(x)[p, c] + g_c(x[p])``, with ``C_out`` independent GPs ``g_c`` on patches that share one kernel and one
+set of ``M`` inducing patches (``u_c = g_c(Z)``, one ``q(u_c)`` per channel; a SOLVE-GP layer adds ``M2``
+orthogonal patches ``O``). ``m`` is the identity convolution (``mean="identity"``): the patch's centre pixel (row
+``h // 2``, column ``w // 2``), channel ``c`` when ``C_in == C_out``, else the mean over the input channels copied to
+every output channel (the skip connection of GPflux1's ``IdentityConvMean``; ``mean="zero"`` for Shi et al.'s
+"zero mean function"). Sampling is per image, location and channel from the marginals of ``p(g_c(x[p]) | u_c)``,
+ignoring the correlations between locations (Dutordoir et al. 2020; Shi et al. 2020, app. G.2). The output is the
+next layer's input, ``[..., B, P_out*C_out]`` (flattened ``[H_out, W_out, C_out]`` feature map).
+
+**Layer contract.** Inputs ``[..., B, D]`` with leading dims (particles, outer plates) left of the outputs plate
+(dim -2) and the data plate (dim -1); :meth:`ConvLayer.sample_u` samples the site(s) ``<name>.u`` (``.v``) of shape
+``[..., C_out, 1, M]``; :meth:`ConvLayer.sample` returns the reparameterised per-point samples.
+
+**Deep model** (:class:`DeepConvGP`): hidden :class:`ConvLayer` s feeding an output :class:`~pyro_sparsegp.SVGP` or
+:class:`~pyro_sparsegp.SOLVEGP` with a :class:`~pyro_sparsegp.kernels_conv.TICK` kernel, indexed inducing patches
+and a multi-class likelihood (latent functions integrated by quadrature given ``u``). ``Trace_ELBO`` (or
+``TraceMeanField_ELBO`` for analytic KLs) with vectorised particles estimates eq. 11 of Shi et al. (eq. 39 for the
+variational distribution; SVGP layers: Salimbeni and Deisenroth 2017, eq. 4 with sampled ``u``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pyro.nn import PyroModule, pyro_method
+
+from .inducing import IndexedInducingPatches
+from .kernels_conv import TICK, _image, _pair, output_shape, patches
+from .layers import SVGP
+from .solvegp import SOLVEGP
+
+__all__ = ["ConvLayer", "DeepConvGP", "init_patches", "kmeans", "log_likelihood_and_accuracy"]
+
+
+def kmeans(X: torch.Tensor, k: int, iters: int = 15, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Lloyd's k-means (initialised at ``k`` distinct random rows of ``X`` ``[N, d]``) -> centres ``[k, d]``; empty
+    clusters keep their previous centre."""
+    if k > X.shape[0]:
+        raise ValueError(f"k = {k} centres need at least as many points, got {X.shape[0]}")
+    C = X[torch.randperm(X.shape[0], generator=generator)[:k]].clone()
+    x2 = X.pow(2).sum(-1, keepdim=True)
+    for _ in range(iters):
+        assign = (x2 - 2 * X @ C.T + C.pow(2).sum(-1)).argmin(-1)
+        sums = torch.zeros_like(C).index_add_(0, assign, X)
+        counts = torch.bincount(assign, minlength=k).to(X.dtype).unsqueeze(-1)
+        C = torch.where(counts > 0, sums / counts.clamp(min=1), C)
+    return C
+
+
+def init_patches(
+    X: torch.Tensor,
+    image_shape,
+    patch_size,
+    M: int,
+    stride=1,
+    channels_as_patches: bool = False,
+    num_images: int = 1000,
+    per_centre: int = 100,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Inducing patches ``[M, d]``: k-means centres of ``M * per_centre`` patches drawn from ``num_images`` random
+    images of ``X`` ``[N, H*W*C]`` (Shi et al. 2020, app. G.2: ``M x 100`` patches from 1K images)."""
+    g = torch.Generator().manual_seed(seed)
+    imgs = X[torch.randperm(X.shape[0], generator=g)[:num_images]]
+    P = patches(imgs, image_shape, patch_size, stride, channels_as_patches)  # [n, P, d]
+    P = P.reshape(-1, P.shape[-1])
+    pool = P[torch.randperm(P.shape[0], generator=g)[: M * per_centre]]
+    # a little jitter keeps identical (e.g. all-zero background) centres apart, so Kuu stays well conditioned
+    C = kmeans(pool, M, generator=g)
+    return C + 1e-3 * torch.randn(C.shape, generator=g, dtype=C.dtype).to(C.device)
+
+
+class ConvLayer(PyroModule):
+    """Hidden convolutional GP layer (module docstring).
+
+    :param base_kernel: patch kernel ``k_g`` on ``h*w*C_in`` features (e.g. ``RBF``; Shi et al.: lengthscale and
+        variance 5).
+    :param image_shape: ``(H, W, C_in)`` of the input feature map.
+    :param patch_size: ``h`` or ``(h, w)``. :param stride: ``s``. :param int out_channels: ``C_out``.
+    :param torch.Tensor Z: inducing patches ``[M, h*w*C_in]`` (shared by the channels).
+    :param O: orthogonal inducing patches ``[M2, h*w*C_in]``: a SOLVE-GP layer; ``None``: SVGP.
+    :param bool whiten: Shi et al. use no whitening in multi-layer models (the default here).
+    :param str mean: ``"identity"`` or ``"zero"``.
+
+    ``gp`` is the underlying :class:`~pyro_sparsegp.SVGP` / :class:`~pyro_sparsegp.SOLVEGP` over patches with
+    ``num_outputs = C_out``. ``output_image_shape = (H_out, W_out, C_out)``; ``output_dim = H_out*W_out*C_out``.
+    """
+
+    def __init__(
+        self,
+        base_kernel,
+        image_shape,
+        patch_size,
+        stride,
+        out_channels: int,
+        Z: torch.Tensor,
+        O: torch.Tensor | None = None,  # noqa: E741 (the paper's name)
+        whiten: bool = False,
+        mean: str = "identity",
+        name: str = "conv",
+        jitter: float | None = None,
+    ):
+        super().__init__(name=name)
+        if mean not in ("identity", "zero"):
+            raise ValueError(f"mean must be 'identity' or 'zero', got {mean!r}")
+        self.image_shape = _image(image_shape)
+        self.patch_size, self.stride = _pair(patch_size), _pair(stride)
+        self.out_channels = int(out_channels)
+        Ho, Wo = output_shape(self.image_shape, self.patch_size, self.stride)
+        self.output_image_shape = (Ho, Wo, self.out_channels)
+        self.num_locations = Ho * Wo
+        self.output_dim = Ho * Wo * self.out_channels
+        self.mean = mean
+        self.name = name
+        if O is None:
+            self.gp = SVGP(base_kernel, Z, None, num_outputs=self.out_channels, whiten=whiten, name=name, jitter=jitter)
+        else:
+            self.gp = SOLVEGP(base_kernel, Z, O, None, num_outputs=self.out_channels, whiten=whiten, name=name,
+                              jitter=jitter)
+
+    def extract(self, X: torch.Tensor) -> torch.Tensor:
+        """Patches as GP inputs: ``X`` ``[..., B, H*W*C_in]`` -> ``[..., B*P_out, h*w*C_in]``."""
+        p = patches(X, self.image_shape, self.patch_size, self.stride)
+        return p.reshape(p.shape[:-3] + (-1, p.shape[-1]))
+
+    def mean_function(self, X: torch.Tensor) -> torch.Tensor:
+        """The identity-convolution mean ``[..., B, P_out, C_out]`` (module docstring), or zeros."""
+        p = patches(X, self.image_shape, self.patch_size, self.stride)  # [..., B, P, h*w*C_in]
+        if self.mean == "zero":
+            return p.new_zeros(p.shape[:-1] + (self.out_channels,))
+        (h, w), C = self.patch_size, self.image_shape[2]
+        centre = ((h // 2) * w + w // 2) * C
+        pix = p[..., centre : centre + C]  # [..., B, P, C_in]
+        if C == self.out_channels:
+            return pix
+        return pix.mean(-1, keepdim=True).expand(pix.shape[:-1] + (self.out_channels,))
+
+    @pyro_method
+    def sample_u(self, guide: bool = False):
+        """Sample site ``<name>.u`` (SOLVE-GP: and ``<name>.v``), ``[..., C_out, 1, M]``, from the prior or ``q``."""
+        return self.gp.sample_u(guide)
+
+    def _to_map(self, f: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """``f`` ``[..., C_out, B*P]`` -> feature map plus the mean, laid out as the next layer's inputs (the layer
+        contract, :func:`pyro_sparsegp.layers.as_inputs`): ``[B, P*C_out]`` for ``f`` ``[C_out, B*P]``, else
+        ``[..., 1, B, P*C_out]`` (the outputs' plate dimension stays as a singleton)."""
+        B, P, C = X.shape[-2], self.num_locations, self.out_channels
+        F = f.reshape(f.shape[:-1] + (B, P)).movedim(-3, -1)  # [..., B, P, C]
+        if f.dim() > 2:
+            F = F.unsqueeze(-4)  # [..., 1, B, P, C]
+        F = F + self.mean_function(X)  # X [..., (1,) B, D] -> [..., (1,) B, P, C]
+        return F.reshape(F.shape[:-2] + (P * C,))
+
+    @pyro_method
+    def sample(self, X: torch.Tensor, u=None) -> torch.Tensor:
+        """Reparameterised per-location, per-channel samples of ``p(F | u)`` at ``X`` ``[..., B, H*W*C_in]`` from
+        the marginals: ``[B, P_out*C_out]``, or ``[..., 1, B, P_out*C_out]`` when ``u`` or ``X`` carry particle or
+        plate dimensions (``X``'s dim -3 stands at the outputs' plate dimension, as in every layer). ``u=None``:
+        sample the model's site ``<name>.u`` here (after the factorisation, which the prior then reuses)."""
+        Xp = self.extract(X)
+        self.gp._stats(Xp, consume=False)  # one factorisation, shared with the prior of u sampled next
+        if u is None:
+            u = self.sample_u()
+        loc, var = self.gp._moments(Xp, u, consume=True)  # [..., C_out, B*P]
+        return self._to_map(loc + var.sqrt() * torch.randn_like(loc), X)
+
+    @torch.no_grad()
+    def sample_marginal(self, X: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
+        """A sample from the marginals of ``q(F)`` (``u`` integrated out; for prediction): ``[..., B, P_out*C_out]``
+        (``[num_samples, ..., 1, B, P_out*C_out]`` with ``num_samples``: the marginals are computed once)."""
+        mean, var = self.gp.qf(self.extract(X))
+        shape = mean.shape if num_samples is None else (num_samples,) + mean.shape
+        f = mean + var.sqrt() * torch.randn(shape, dtype=mean.dtype, device=mean.device)
+        return self._to_map(f, X)
+
+
+class DeepConvGP(PyroModule):
+    """Deep convolutional GP: hidden :class:`ConvLayer` s, then an output layer with a TICK kernel.
+
+    :param hidden: list of :class:`ConvLayer` (each one's ``output_image_shape`` is the next one's input).
+    :param output: :class:`~pyro_sparsegp.SVGP` or :class:`~pyro_sparsegp.SOLVEGP` with a
+        :class:`~pyro_sparsegp.kernels_conv.TICK` kernel on the last hidden feature map, inducing
+        :class:`~pyro_sparsegp.inducing.IndexedInducingPatches`, ``num_outputs = K`` classes, a multi-class
+        likelihood and ``integrate_f=True``.
+
+    ``model(X, y, num_data=N)`` / ``guide(X, y, num_data=N)`` take a minibatch ``X`` ``[B, H*W*C]``, ``y`` ``[B]``.
+    """
+
+    def __init__(self, hidden: list, output: SVGP):
+        super().__init__()
+        if not isinstance(output.kernel, TICK) or not isinstance(output.inducing, IndexedInducingPatches):
+            raise ValueError("the output layer needs a TICK kernel and IndexedInducingPatches")
+        if not output.integrate_f or output.likelihood is None:
+            raise ValueError("the output layer needs a likelihood and integrate_f=True")
+        for a, b in zip(hidden, hidden[1:] + [None], strict=True):
+            nxt = output.kernel.image_shape if b is None else b.image_shape
+            if tuple(a.output_image_shape) != tuple(nxt):
+                raise ValueError(f"layer {a.name} outputs {a.output_image_shape}, the next layer takes {nxt}")
+        self.hidden = PyroModule[torch.nn.ModuleList](hidden)
+        self.output = output
+
+    def propagate(self, X: torch.Tensor, guide: bool = False) -> torch.Tensor:
+        """Sample every hidden layer's ``u`` and propagate ``X`` (model side): the output layer's input."""
+        H = X
+        for layer in self.hidden:
+            H = layer.sample(H, layer.sample_u(guide=True) if guide else None)
+        return H
+
+    @pyro_method
+    def model(self, X, y=None, num_data=None):
+        H = self.propagate(X)
+        self.output._stats(H, consume=False)  # one factorisation for the output prior and the conditional
+        return self.output.model(H, y, num_data=num_data or X.shape[-2])
+
+    @pyro_method
+    def guide(self, X, y=None, num_data=None):
+        for layer in self.hidden:
+            layer.sample_u(guide=True)
+        self.output.sample_u(guide=True)
+
+    @torch.no_grad()
+    def predict(self, X: torch.Tensor, num_samples: int = 10, batch_size: int = 256):
+        """Predictive class probabilities ``[S, N, K]``: ``S = num_samples`` propagated samples (marginals of q at
+        each hidden layer, Salimbeni and Deisenroth 2017, sec. 3.1), each the output layer's predictive."""
+        out = []
+        for s in range(0, X.shape[0], batch_size):
+            H = X[s : s + batch_size]
+            for i, layer in enumerate(self.hidden):
+                H = layer.sample_marginal(H, num_samples if i == 0 else None)
+            mean, var = self.output.qf(H)
+            out.append(self.output.likelihood.predictive(mean, var).probs)
+        return torch.cat(out, -2)
+
+
+def log_likelihood_and_accuracy(probs: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Test log-likelihood and accuracy of a predictive mixture ``probs`` ``[S, N, K]`` (or ``[N, K]``): mean over
+    ``n`` of ``log (1/S) sum_s p_s(y_n)``, and the accuracy of the argmax of the mixture."""
+    if probs.dim() == 2:
+        probs = probs.unsqueeze(0)
+    p = probs.gather(-1, y.long().expand(probs.shape[:-1]).unsqueeze(-1)).squeeze(-1)  # [S, N]
+    ll = (torch.logsumexp(p.clamp(min=1e-300).log(), 0) - math.log(p.shape[0])).mean()
+    acc = (probs.mean(0).argmax(-1) == y.long()).to(probs.dtype).mean()
+    return float(ll), float(acc)
+

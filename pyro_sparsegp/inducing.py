@@ -1,0 +1,192 @@
+r"""Inducing variables: what ``u`` is, and hence what ``Kuu`` and ``Kuf`` are.
+
+* :class:`InducingPoints`: ``u_m = f(z_m)``, ``Z [.., M, D]``; ``Kuu = k(Z, Z)``, ``Kuf = k(Z, X)``.
+* :class:`InducingPatches`: ``u_m = g(z_m)``, ``Z [.., M, d]``; ``Kuu = k_g(Z, Z)``,
+  ``Kuf = c sum_p w_p k_g(z_m, x_n[p])``.
+* :class:`IndexedInducingPatches`: ``u_m = g(z_m, tau_m)``, plus locations ``T [.., M, 2]``;
+  ``Kuu = k_g(Z, Z) k_t(T, T)``, ``Kuf = c sum_p w_p k_g(z_m, x_n[p]) k_t(tau_m, t_p)``.
+
+Inducing patches are inter-domain inducing variables (Lázaro-Gredilla and Figueiras-Vidal 2009) of the
+convolutional kernels of :mod:`pyro_sparsegp.kernels_conv` (van der Wilk et al. 2017, eqs. 12-13; TICK: Dutordoir et
+al. 2020, sec. 3). The layers (:class:`~pyro_sparsegp.SVGP`, :class:`~pyro_sparsegp.SOLVEGP`, the convolutional
+layers) compute their covariances only through :func:`Kuu`, :func:`Kuf` and :func:`Kff_diag`, which dispatch on the
+pair (inducing variable, kernel): every layer takes every kind of inducing variable without special cases. Each kind
+is a :class:`~pyro.nn.PyroModule` whose tensors are ``PyroParam`` s (trained by SVI).
+
+Leading dimensions: ``Z`` may be ``[L, M, d]`` (one set per output) and ``X`` carries any batch dimensions
+(particles, plates); they broadcast as in :func:`pyro_sparsegp.kernels.kernel_matrix`.
+"""
+
+from __future__ import annotations
+
+import torch
+from pyro.nn import PyroModule, PyroParam
+from torch.distributions import constraints
+
+from .kernels import expected_input_dim, kernel_diag, kernel_matrix
+from .kernels_conv import TICK, ConvKernel
+
+__all__ = [
+    "InducingVariables",
+    "InducingPoints",
+    "InducingPatches",
+    "IndexedInducingPatches",
+    "as_inducing",
+    "Kuu",
+    "Kuf",
+    "Kff_diag",
+]
+
+
+def _check_finite(name, t):
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} contains NaN or inf")
+
+
+class InducingVariables(PyroModule):
+    """Base class: ``Z`` ``[M, d]`` or ``[L, M, d]`` (a ``PyroParam``); ``num_inducing`` is ``M``."""
+
+    def __init__(self, Z: torch.Tensor):
+        super().__init__()
+        if not isinstance(Z, torch.Tensor) or Z.dim() not in (2, 3):
+            raise ValueError(f"Z must be a tensor [M, d] or [L, M, d], got {getattr(Z, 'shape', type(Z))}")
+        _check_finite("Z", Z)
+        self.Z = PyroParam(Z.detach().clone(), constraints.real)
+
+    @property
+    def num_inducing(self) -> int:
+        return self.Z.shape[-2]
+
+    def input_dim(self, kernel) -> int:
+        """Number of features of the layer's inputs ``X`` under ``kernel``."""
+        raise NotImplementedError
+
+    def check(self, kernel) -> None:
+        """``ValueError`` when this inducing variable cannot be used with ``kernel``."""
+        raise NotImplementedError
+
+    def Kuu(self, kernel, other: InducingVariables | None = None) -> torch.Tensor:
+        """``Cov(u, u')`` ``[..., M, M']`` (``other=None``: ``u' = u``; ``other`` of the same kind: e.g. SOLVE-GP's
+        ``Kuv``), without jitter (:func:`pyro_sparsegp.linalg.cholesky` adds it)."""
+        raise NotImplementedError
+
+    def Kuf(self, kernel, X: torch.Tensor) -> torch.Tensor:
+        """``Cov(u, f(X))`` ``[..., M, B]`` for inputs ``X`` ``[..., B, D]``."""
+        raise NotImplementedError
+
+    def _same_kind(self, other):
+        if other is not None and type(other) is not type(self):
+            raise ValueError(f"cross-covariance between {type(self).__name__} and {type(other).__name__}")
+        return other
+
+
+class InducingPoints(InducingVariables):
+    """Inducing inputs in the data space, ``u = f(Z)`` (Titsias 2009): ``Z`` ``[M, D]`` or ``[L, M, D]``. With a
+    :class:`~pyro_sparsegp.kernels_conv.ConvKernel` they are images and the covariances are the full ``k_f``."""
+
+    def input_dim(self, kernel):
+        return self.Z.shape[-1]
+
+    def check(self, kernel):
+        if expected_input_dim(kernel) not in (None, self.Z.shape[-1]):
+            raise ValueError(f"Z has {self.Z.shape[-1]} features but the kernel expects input_dim={kernel.input_dim}")
+
+    def Kuu(self, kernel, other=None):
+        other = self._same_kind(other)
+        return kernel_matrix(kernel, self.Z, None if other is None else other.Z)
+
+    def Kuf(self, kernel, X):
+        return kernel_matrix(kernel, self.Z, X)
+
+
+class InducingPatches(InducingVariables):
+    """Inter-domain inducing patches ``u_m = g(z_m)`` of a convolutional kernel (van der Wilk et al. 2017, sec. 3.1):
+    ``Z`` ``[M, d]`` or ``[L, M, d]`` with ``d = kernel.patch_dim``. Initialise from image patches, e.g.
+    :func:`pyro_sparsegp.conv.init_patches`."""
+
+    def input_dim(self, kernel):
+        return kernel.input_dim
+
+    def check(self, kernel):
+        if not isinstance(kernel, ConvKernel):
+            raise ValueError(
+                f"inducing patches need a convolutional kernel (pyro_sparsegp.kernels_conv.ConvKernel), got "
+                f"{type(kernel).__name__}; use InducingPoints (or a tensor Z) for other kernels"
+            )
+        if isinstance(kernel, TICK):
+            raise ValueError("a TICK kernel needs patches with locations: use IndexedInducingPatches")
+        if self.Z.shape[-1] != kernel.patch_dim:
+            raise ValueError(f"inducing patches have {self.Z.shape[-1]} features, the kernel's patches "
+                             f"{kernel.patch_dim}")
+
+    def Kuu(self, kernel, other=None):
+        other = self._same_kind(other)
+        return kernel.Kzz(self.Z, None if other is None else other.Z)
+
+    def Kuf(self, kernel, X):
+        return kernel.Kzf(self.Z, X)
+
+
+class IndexedInducingPatches(InducingPatches):
+    """Inducing patches with locations for :class:`~pyro_sparsegp.kernels_conv.TICK` (Dutordoir et al. 2020, sec.
+    3.2): ``u_m = g(z_m, tau_m)``; ``Z`` ``[(L,) M, d]`` and ``locations`` ``[(L,) M, 2]`` (output-grid units), both
+    ``PyroParam`` s. ``locations=None`` draws them uniformly in ``[0, H_out] x [0, W_out]`` (Shi et al. 2020, appendix
+    G.2) when the grid is given as ``grid=(H_out, W_out)``."""
+
+    def __init__(self, Z: torch.Tensor, locations: torch.Tensor | None = None, grid=None):
+        super().__init__(Z)
+        if locations is None:
+            if grid is None:
+                raise ValueError("give the inducing locations, or the output grid (H_out, W_out) to draw them")
+            locations = torch.rand(Z.shape[:-1] + (2,), dtype=Z.dtype, device=Z.device)
+            locations = locations * torch.tensor([float(grid[0]), float(grid[1])], dtype=Z.dtype, device=Z.device)
+        if locations.shape != Z.shape[:-1] + (2,):
+            raise ValueError(f"locations must be [..., M, 2] matching Z {tuple(Z.shape)}, got {tuple(locations.shape)}")
+        _check_finite("locations", locations)
+        self.locations = PyroParam(locations.detach().clone(), constraints.real)
+
+    def check(self, kernel):
+        if not isinstance(kernel, TICK):
+            raise ValueError(
+                f"inducing patches with locations need a TICK kernel, got {type(kernel).__name__}; use "
+                "InducingPatches for the translation-invariant convolutional kernel"
+            )
+        if self.Z.shape[-1] != kernel.patch_dim:
+            raise ValueError(f"inducing patches have {self.Z.shape[-1]} features, the kernel's patches "
+                             f"{kernel.patch_dim}")
+
+    def Kuu(self, kernel, other=None):
+        other = self._same_kind(other)
+        if other is None:
+            return kernel.Kzz(self.Z, None, self.locations, self.locations)
+        return kernel.Kzz(self.Z, other.Z, self.locations, other.locations)
+
+    def Kuf(self, kernel, X):
+        return kernel.Kzf(self.Z, X, self.locations)
+
+
+def as_inducing(Z) -> InducingVariables:
+    """``Z`` itself if it is an :class:`InducingVariables`, else :class:`InducingPoints` ``(Z)``."""
+    return Z if isinstance(Z, InducingVariables) else InducingPoints(Z)
+
+
+def Kuu(inducing: InducingVariables, kernel, other: InducingVariables | None = None, jitter: float = 0.0):
+    """``Cov(u, u')`` ``[..., M, M']`` for the pair (inducing variable, kernel); ``jitter`` is added to the diagonal
+    (only when ``other`` is ``None``)."""
+    K = inducing.Kuu(kernel, other)
+    if jitter and other is None:
+        K = K + jitter * torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
+    return K
+
+
+def Kuf(inducing: InducingVariables, kernel, X: torch.Tensor) -> torch.Tensor:
+    """``Cov(u, f(X))`` ``[..., M, B]`` for inputs ``X`` ``[..., B, D]``."""
+    return inducing.Kuf(kernel, X)
+
+
+def Kff_diag(kernel, X: torch.Tensor) -> torch.Tensor:
+    """Prior variances ``k(x_n, x_n)`` ``[..., B]`` (convolutional kernels: the ``O(B P^2 d)`` patch double sum,
+    :meth:`~pyro_sparsegp.kernels_conv.ConvKernel.Kdiag`)."""
+    if isinstance(kernel, ConvKernel):
+        return kernel.Kdiag(X)
+    return kernel_diag(kernel, X)

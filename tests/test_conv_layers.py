@@ -1,0 +1,107 @@
+"""Deep convolutional GP layers: shapes under particle dims, the identity-convolution mean, per-location sampling
+against an SVGP on explicitly sliced patches, and the deep model's ELBO under vectorised particles."""
+
+import pyro
+import pytest
+import torch
+from pyro.contrib.gp.kernels import RBF
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+
+import pyro_sparsegp as ps
+from pyro_sparsegp.conv import ConvLayer, DeepConvGP, init_patches, log_likelihood_and_accuracy
+
+H, W, C = 7, 6, 2
+
+
+def _hidden(solve=False, C_out=3, mean="identity", M=5):
+    d = 3 * 3 * C
+    Z = torch.randn(M, d)
+    O = torch.randn(4, d) if solve else None  # noqa: E741
+    return ConvLayer(RBF(d, lengthscale=torch.tensor(2.0)), (H, W, C), 3, 1, C_out, Z, O, mean=mean, name="h")
+
+
+def _deep(solve=False):
+    hidden = _hidden(solve, C_out=2)  # -> 5 x 4 x 2
+    k = ps.TICK(RBF(2 * 2 * 2, lengthscale=torch.tensor(2.0)), hidden.output_image_shape, 2, 2)
+    Z = ps.IndexedInducingPatches(torch.randn(6, k.patch_dim), grid=k.grid)
+    lik = ps.RobustMax(3)
+    if solve:
+        O = ps.IndexedInducingPatches(torch.randn(4, k.patch_dim), grid=k.grid)  # noqa: E741
+        out = ps.SOLVEGP(k, Z, O, lik, num_outputs=3, whiten=False, integrate_f=True, name="out")
+    else:
+        out = ps.SVGP(k, Z, lik, num_outputs=3, whiten=False, integrate_f=True, name="out")
+    return DeepConvGP([hidden], out)
+
+
+def test_identity_conv_mean_is_the_centre_pixel():
+    X = torch.randn(4, H * W * C)
+    img = X.reshape(4, H, W, C)
+    same = _hidden(C_out=C)
+    centre = img[:, 1 : H - 1, 1 : W - 1, :]  # 3x3 patches, stride 1: centres at rows/cols 1..H-2
+    torch.testing.assert_close(same.mean_function(X), centre.reshape(4, -1, C))
+    other = _hidden(C_out=3)
+    mixed = centre.mean(-1, keepdim=True).expand(4, 5, 4, 3).reshape(4, 20, 3)
+    torch.testing.assert_close(other.mean_function(X), mixed)
+    assert (_hidden(mean="zero").mean_function(X) == 0).all()
+
+
+@pytest.mark.parametrize("solve", [False, True], ids=["svgp", "solvegp"])
+def test_hidden_layer_samples_are_svgp_marginals_on_patches(solve):
+    layer = _hidden(solve)
+    X = torch.randn(3, H * W * C)
+    with torch.no_grad(), pyro.poutine.block():
+        uv = layer.sample_u(guide=True)
+        torch.manual_seed(5)
+        F = layer.sample(X, uv)  # [B, P*C_out]
+        # independent computation: the GP's marginals of p(f | u) at patches sliced by hand
+        img = X.reshape(3, H, W, C)
+        pats = torch.stack([img[:, r : r + 3, c : c + 3, :].reshape(3, -1) for r in range(H - 2) for c in range(W - 2)],
+                           1)  # [B, P, d]
+        loc, var = layer.gp._moments(pats.reshape(-1, pats.shape[-1]), uv, consume=False)  # [C_out, B*P]
+        torch.manual_seed(5)
+        f = loc + var.sqrt() * torch.randn(loc.shape)
+    expect = f.reshape(3, 3, 20).permute(1, 2, 0) + layer.mean_function(X)  # [B, P, C_out]
+    torch.testing.assert_close(F, expect.reshape(3, 60))
+    assert layer.output_dim == 60 and layer.output_image_shape == (5, 4, 3)
+
+
+@pytest.mark.parametrize("solve", [False, True], ids=["svgp", "solvegp"])
+def test_deep_conv_shapes_under_particle_dims_and_every_parameter_learns(solve):
+    gp = _deep(solve)
+    X, y = torch.randn(6, H * W * C), torch.randint(0, 3, (6,)).to(torch.get_default_dtype())
+    S = 4
+    trace = pyro.poutine.trace(pyro.plate("particles", S, dim=-3)(gp.guide)).get_trace(X, y, num_data=30)
+    assert trace.nodes["h.u"]["value"].shape == (S, 2, 1, 5)
+    with pyro.poutine.block(), pyro.plate("particles", S, dim=-3):
+        u = gp.hidden[0].sample_u(guide=True)
+        Hs = gp.hidden[0].sample(X, u)
+    assert Hs.shape == (S, 1, 6, 5 * 4 * 2)  # the outputs' plate dimension stays as a singleton
+    for elbo in (Trace_ELBO, TraceMeanField_ELBO):
+        loss = elbo(num_particles=S, vectorize_particles=True, max_plate_nesting=2).differentiable_loss(
+            gp.model, gp.guide, X, y, num_data=30)
+        assert torch.isfinite(loss)
+    loss.backward()
+    names = {n for n, p in gp.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    expected = {n for n, _ in gp.named_parameters()}
+    assert names == expected, expected - names
+    probs = gp.predict(X, num_samples=3)
+    assert probs.shape == (3, 6, 3)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3, 6))
+    ll, acc = log_likelihood_and_accuracy(probs, y)
+    assert ll < 0 and 0 <= acc <= 1
+
+
+def test_deep_model_checks_its_output_layer():
+    hidden = _hidden(C_out=2)
+    k = ps.ConvKernel(RBF(8), hidden.output_image_shape, 2, 2)
+    out = ps.SVGP(k, ps.InducingPatches(torch.randn(4, 8)), ps.RobustMax(3), num_outputs=3, integrate_f=True)
+    with pytest.raises(ValueError, match="TICK"):
+        DeepConvGP([hidden], out)
+
+
+def test_init_patches_are_kmeans_centres_of_image_patches():
+    X = torch.rand(30, H * W * C)
+    Z = init_patches(X, (H, W, C), 3, 8, num_images=20, per_centre=10)
+    assert Z.shape == (8, 18) and torch.isfinite(Z).all()
+    # every centre lies within the range of the pixels (a convex combination of patches, plus a tiny jitter)
+    assert Z.min() > -0.01 and Z.max() < 1.01
