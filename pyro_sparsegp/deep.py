@@ -22,7 +22,7 @@ site               model                                       guide
                    of the layer below
 ``y``              ``E_{q(f^L | f^{L-1})}[log p(y | f^L)]``      —
                    (``MarginalizedLikelihood`` at the last
-                   layer's ``q(f)``: its ``u`` integrated out)
+                   layer's ``q(f)``; ``u`` integrated out)
 =================  ==========================================  ==========================================
 
 so ``Trace_ELBO`` (any number of vectorised particles) is an unbiased estimate of the DGP bound (eq. 11 for
