@@ -14,16 +14,16 @@ With SOLVE-GP layers the marginal is eqs. 37-38 and the KL terms gain ``KL[q(v�
 
 :class:`DeepGP` is that stack as a PyroModule:
 
-=================  ==========================================  ==========================================
-site               model                                       guide
-=================  ==========================================  ==========================================
+=================  ============================================  ==========================================
+site               model                                         guide
+=================  ============================================  ==========================================
 ``<layer>.u``      ``p(u)`` (and ``<layer>.v`` for SOLVE-GP)     ``q(u)`` (and ``q(v⊥)``)
-``<layer>.f``      hidden layers: ``p(f | u)`` at the sample    the same conditional: it cancels
+``<layer>.f``      hidden layers: ``p(f | u)`` at the sample     the same conditional: it cancels
                    of the layer below
 ``y``              ``E_{q(f^L | f^{L-1})}[log p(y | f^L)]``      —
                    (``MarginalizedLikelihood`` at the last
-                   layer's ``q(f)``; ``u`` integrated out)
-=================  ==========================================  ==========================================
+                   layer's ``q(f)``: its ``u`` integrated out)
+=================  ============================================  ==========================================
 
 so ``Trace_ELBO`` (any number of vectorised particles) is an unbiased estimate of the DGP bound (eq. 11 for
 SOLVE-GP layers); prefer ``TraceMeanField_ELBO``, which takes the KL of the ``u`` sites in closed form: a hidden

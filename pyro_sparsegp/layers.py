@@ -36,7 +36,7 @@ from .composition import (
 from .composition import plate as data_plate
 from .distributions import MarginalizedLikelihood
 from .distributions.kl import ConditionalNormal
-from .kernels import kernel_diag, kernel_matrix
+from .kernels import kernel_matrix
 from .likelihoods import Likelihood
 from .linalg import cholesky, project_chol, solve_lower
 from .validation import check_data, check_module_args, check_predict
@@ -333,6 +333,12 @@ class SVGP(PyroModule):
         return loc + self._mean(X), var
 
     # -- sites --------------------------------------------------------------------------------------------------
+    def outputs_plate(self):
+        """The layer's outputs plate (``<name>.outputs``, ``dim=-2``, size ``L``) as drawn in this program by
+        :meth:`sample_u`: enter it to observe per-output sites of your own (e.g. ``y.mT`` ``[L, B]`` of a
+        multi-output regression written by hand). A null context for a single-output layer."""
+        return self._outputs_plate()
+
     def _outputs_plate(self, new: bool = False):
         # Pyro forbids constructing two plates of the same name in one trace, so each program builds the outputs
         # plate once, in sample_u (the layer's first site), and its other sites enter that same object.

@@ -8,15 +8,15 @@ function of a hidden layer is the skip connection that makes training work (Sali
 when it shrinks, :meth:`FixedProjection.zero_padding` when it grows). The same projection maps the running inducing
 inputs of the next layers at initialisation (:func:`pyro_sparsegp.deep.build_deep_gp`).
 
-========================  =================  ============================================
-class                     ``m(x)``           parameters
-========================  =================  ============================================
-:class:`Zero`             ``0`` ``[D_out]``  none
-:class:`Constant`         ``c`` ``[D_out]``  ``c`` (trained)
-:class:`Linear`           ``x A + b``        ``A [D_in, D_out]``, ``b [D_out]`` (trained)
-:class:`Identity`         ``x``              none
-:class:`FixedProjection`  ``x W``            ``W [D_in, D_out]`` (a buffer: not trained)
-========================  =================  ============================================
+========================  =====================  ===========================================
+class                     ``m(x)``               parameters
+========================  =====================  ===========================================
+:class:`Zero`             ``0`` ``[D_out]``      none
+:class:`Constant`         ``c`` ``[D_out]``      ``c`` (trained)
+:class:`Linear`           ``x A + b``            ``A [D_in, D_out]``, ``b [D_out]`` (trained)
+:class:`Identity`         ``x``                  none
+:class:`FixedProjection`  ``x W``                ``W [D_in, D_out]`` (a buffer: not trained)
+========================  =====================  ===========================================
 """
 
 from __future__ import annotations

@@ -42,8 +42,14 @@ def _expose(msg):
     return msg["name"].startswith(("gp.kernel.", "gp.likelihood."))
 
 
+def _data_plates(X, y=None, subsample_size=None):
+    # AutoGuideList would draw the data plate from its first call (the training set and minibatch); drawn from each
+    # call's own inputs, the same guide also serves Predictive on test points
+    return pyro.plate("gp.data", X.shape[-2], subsample_size=subsample_size, dim=-1)
+
+
 def _autoguide_list(gp, auto_cls=AutoNormal):
-    guide = AutoGuideList(gp.model)
+    guide = AutoGuideList(gp.model, create_plates=_data_plates)
     guide.append(auto_cls(poutine.block(gp.model, expose_fn=_expose)))
     guide.append(gp.guide)
     return guide
@@ -380,7 +386,7 @@ def _gplvm(N=24, Q=2, D_out=3, M=6):
         with pyro.plate("data", len(Y), subsample_size=B, dim=-1) as i:
             x = pyro.sample("x", dist.Normal(torch.zeros(Q), 1.0).to_event(1))  # [..., (1,) B, Q]
             f = gp.sample_f(x, u)  # [..., D_out, B]
-            with gp._outputs_plate():
+            with gp.outputs_plate():
                 lik(f, Y[i].mT)
 
     def guide(Y, B=8):

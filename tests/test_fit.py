@@ -159,7 +159,7 @@ def test_a_diverging_learning_rate_names_the_step_and_leaves_a_model_that_predic
     for elbo in ["analytic", pyro.infer.TraceMeanField_ELBO()]:
         gp = _gp()
         with pytest.raises(NonFiniteLossError, match=r"at step \d+") as info:
-            fit(gp, X, y, num_steps=200, batch_size=64, lr=100.0, elbo=elbo, progress=False)
+            fit(gp, X, y, num_steps=200, batch_size=64, lr=100.0, elbo=elbo, progress=False, natgrad_lr=None)
         assert 0 < info.value.step < 200
         assert info.value.restored_step is not None and info.value.restored_step < info.value.step
         mean, var = gp.predict(X)
@@ -180,7 +180,7 @@ def test_a_window_of_unsynchronised_steps_is_the_same_run_and_restores_its_start
     # a failure inside a window restores the parameters copied at the window's start
     gp = _gp()
     with pytest.raises(NonFiniteLossError, match=r"at step \d+") as info:
-        fit(gp, X, y, num_steps=200, batch_size=64, lr=100.0, progress=False, sync_every=5)
+        fit(gp, X, y, num_steps=200, batch_size=64, lr=100.0, progress=False, sync_every=5, natgrad_lr=None)
     j = info.value.step
     assert info.value.restored_step == (j - j % 5 if j % 5 else j - 5)  # the window's start (the previous one's)
     assert len(info.value.state.losses) == j

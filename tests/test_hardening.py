@@ -85,11 +85,14 @@ def _offset_inputs(offset, dtype):
             try:
                 gp = ps.SVGP(RBF(3, lengthscale=torch.tensor(2.0)), (Z64 + shift).to(dt), ps.Gaussian(0.1))
                 vals.append(gp.analytic_elbo((X64 + shift).to(dt), y64.to(dt)).item())
-                K = kernel_matrix(gp.kernel, (X64 + shift).to(dt), gp.Z)
+                if shift:
+                    K = kernel_matrix(gp.kernel, (X64 + shift).to(dt), gp.Z)
             finally:
                 torch.set_default_dtype(old)
-        # independent: exp(-|x - z|^2 / 8) from the differences of the (unshifted) float64 inputs
-        ref = torch.exp(-(X64[:, None] - Z64[None]).pow(2).sum(-1) / 8)
+        # independent: exp(-|x - z|^2 / 8) from the differences of the inputs as rounded in the working dtype,
+        # shifted back in float64 (exact: Sterbenz)
+        Xr, Zr = ((A + offset).to(dtype).double() - offset for A in (X64, Z64))
+        ref = torch.exp(-(Xr[:, None] - Zr[None]).pow(2).sum(-1) / 8)
         assert (K.double() - ref).abs().max() < (1e-4 if dtype == torch.float32 else 1e-10)
         rel = 1e-3 if dtype == torch.float32 else 1e-8
         assert math.isfinite(vals[0]) and abs(vals[0] - vals[1]) <= rel * abs(vals[1]), vals

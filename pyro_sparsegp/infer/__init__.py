@@ -3,7 +3,15 @@
 from .ep import EPState, ep_log_evidence, ep_surrogate, fit_ep
 from .fit import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
 from .mfsp import MFSpState, fit_mfsp, mfsp_bound
-from .natgrad import gaussian_natgrad_step, natgrad_step, natgrad_step_for, polya_gamma_natgrad_step
+from .natgrad import (
+    gaussian_natgrad_step,
+    natgrad_families,
+    natgrad_from_grads_,
+    natgrad_step,
+    natgrad_step_for,
+    polya_gamma_natgrad_step,
+    solvegp_natgrad_step,
+)
 
 __all__ = [
     "fit_ep",
@@ -23,4 +31,7 @@ __all__ = [
     "gaussian_natgrad_step",
     "polya_gamma_natgrad_step",
     "natgrad_step_for",
+    "natgrad_from_grads_",
+    "natgrad_families",
+    "solvegp_natgrad_step",
 ]

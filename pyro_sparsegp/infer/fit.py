@@ -329,7 +329,7 @@ def fit(
     num_steps: int = 1000,
     batch_size: int = 1024,
     lr: float = 0.01,
-    natgrad_lr: float | None = None,
+    natgrad_lr: float | str | None = "auto",
     elbo=None,
     seed: int = 0,
     progress: bool = True,
@@ -352,10 +352,13 @@ def fit(
     :param int num_steps: total number of optimisation steps (a resumed run continues up to this number).
     :param int batch_size: minibatch size for ``X, y`` or ``dataset`` (a positive integer).
     :param float lr: Adam learning rate (> 0).
-    :param float natgrad_lr: if set (``0 < natgrad_lr <= 1``), every full-covariance Gaussian variational family
+    :param float natgrad_lr: ``"auto"`` (default): ``0.1`` for a module trained on its closed-form bound with a
+        :class:`~pyro_sparsegp.Gaussian` likelihood (conjugate: the step is exact and stable), else ``None`` (Adam
+        on everything). If set (``0 < natgrad_lr <= 1``), every full-covariance Gaussian variational family
         (q(u); SOLVE-GP's q(v⊥) too) takes natural-gradient steps of this length computed from the same backward
         pass (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`; Hensman et al. 2013 section 3.2) and Adam
-        trains only the other parameters.
+        trains only the other parameters. ``0.1`` is a good start: on UCI protein (M = 256) it was ahead of Adam and
+        of GPyTorch at every epoch (``benchmarks/time_to_accuracy.py``).
     :param elbo: ``"analytic"`` (the closed-form bound ``module.analytic_elbo``: no sampling at all; the default for
         modules that have it and a likelihood) or a Pyro ELBO (default for other modules: ``TraceMeanField_ELBO()``).
     :param int seed: seeds the minibatch order (and Pyro's RNG at the start of a fresh run).
@@ -375,6 +378,12 @@ def fit(
     num_steps = _int("num_steps", num_steps, 0)
     batch_size = _int("batch_size", batch_size, 1)
     lr = _positive("lr", lr)
+    if isinstance(natgrad_lr, str) and natgrad_lr == "auto":
+        from ..likelihoods import Gaussian
+
+        auto = (elbo is None or elbo == "analytic") and _default_elbo(module) == "analytic"
+        gaussian = isinstance(getattr(module, "likelihood", None), Gaussian)
+        natgrad_lr = 0.1 if auto and gaussian and natgrad_families(module) else None
     natgrad_lr = _positive("natgrad_lr", natgrad_lr, allow_none=True, high=1)
     checkpoint_every = _int("checkpoint_every", checkpoint_every, 0)
     seed = _int("seed", seed, 0)
