@@ -7,8 +7,6 @@ Two folders of the source tree are generated here, at every build, and are not i
 * ``docs/tutorials/``: a copy of every ``tutorials/*.ipynb`` (and the files beside them), which ``tutorials.md``
   includes by a glob, so that a new notebook in ``tutorials/`` appears on the site without an edit. The notebooks are
   rendered with their committed outputs (myst-nb, ``nb_execution_mode = "off"``): the site never executes them.
-* ``docs/snippets/``: a copy of every ``docs_snippets/*.md`` (short how-to recipes), included by a glob in
-  ``howto.md``.
 * ``docs/api/``: one page per public module of the package (found by walking it), so that a new module appears in the
   API reference without an edit.
 """
@@ -68,16 +66,6 @@ def _copy_tutorials():
             shutil.copy2(path, dst / path.name)
 
 
-def _copy_snippets():
-    """docs/snippets/ <- docs_snippets/*.md (each a page of the how-to guides)."""
-    src, dst = ROOT / "docs_snippets", HERE / "snippets"
-    if dst.exists():
-        shutil.rmtree(dst)
-    dst.mkdir()
-    for path in sorted(src.glob("*.md")) if src.is_dir() else []:
-        shutil.copy2(path, dst / path.name)
-
-
 def _public_modules():
     """Every importable public module of the package (no path component starting with an underscore)."""
     names = ["pyro_sparsegp"]
@@ -112,5 +100,4 @@ def _write_api_pages():
 
 
 _copy_tutorials()
-_copy_snippets()
 _write_api_pages()
