@@ -8,7 +8,8 @@ says that it keeps/broadcasts shapes; it "cites" when it names an equation, a se
 papers' authors. Without ``--all`` only the objects missing something are listed. Methods that override a documented
 base-class method (torch.distributions' ``expand``, ``log_prob``, ``sample``, ...; ``forward`` of a documented
 PyroModule) inherit that documentation and are skipped; a method is covered by its class's citation, and the
-infrastructure modules (``infer.fit``, ``datasets``, ``kernels``, ``linalg``) implement no equation, so need none.
+infrastructure modules (``infer.fit``, ``datasets``, ``kernels``, ``linalg``, ``composition``, ``data_stream``,
+``validation``) implement no equation, so need none; warnings and errors need no shapes.
 The exit status is 0: this is an audit, not a gate.
 """
 
@@ -32,7 +33,8 @@ CITE = re.compile(
     re.I,
 )
 # infrastructure that implements no paper equation: shapes are required, a citation is not
-NO_PAPER = {"pyro_sparsegp.infer.fit", "pyro_sparsegp.datasets", "pyro_sparsegp.kernels", "pyro_sparsegp.linalg"}
+NO_PAPER = {"pyro_sparsegp.infer.fit", "pyro_sparsegp.datasets", "pyro_sparsegp.kernels", "pyro_sparsegp.linalg",
+            "pyro_sparsegp.composition", "pyro_sparsegp.data_stream", "pyro_sparsegp.validation"}
 # objects that take or return no tensor: shapes do not apply
 NO_TENSORS = {
     "pyro_sparsegp.infer.fit.FitState", "pyro_sparsegp.infer.fit.NonFiniteLossError",
@@ -84,7 +86,8 @@ def main():
             doc = inspect.getdoc(obj) or ""
             # a method is covered by its class's citation; infrastructure needs none
             cites = bool(CITE.search(doc)) or bool(CITE.search(class_doc)) or name in NO_PAPER
-            shapes = bool(SHAPE.search(doc)) or qual in NO_TENSORS
+            is_exception = inspect.isclass(obj) and issubclass(obj, BaseException)  # warnings and errors
+            shapes = bool(SHAPE.search(doc)) or qual in NO_TENSORS or is_exception
             missing = [what for what, ok in [("docstring", bool(doc)), ("shapes", shapes),
                                               ("citation", cites)] if not ok]
             if missing or args.all:

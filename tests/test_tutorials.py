@@ -36,8 +36,6 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     root = str(Path(__file__).resolve().parents[1])
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH")] if p))
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    # the kernel imports this checkout's package, installed or not
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
