@@ -5,7 +5,9 @@ from . import (
     composition,
     conditionals,
     conv,
+    data_stream,
     datasets,
+    deep,
     distributions,
     inducing,
     infer,
@@ -13,9 +15,11 @@ from . import (
     kernels_conv,
     likelihoods,
     linalg,
+    mean_functions,
     variational,
 )
 from .conv import ConvLayer, DeepConvGP
+from .deep import DeepGP
 from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints
 from .kernels_conv import TICK, ConvKernel
 from .layers import SVGP
@@ -28,6 +32,7 @@ __version__ = "0.1.0"
 __all__ = [
     "SVGP",
     "SOLVEGP",
+    "DeepGP",
     "ConvKernel",
     "TICK",
     "InducingPoints",
@@ -45,6 +50,8 @@ __all__ = [
     "bounds",
     "composition",
     "datasets",
+    "data_stream",
+    "deep",
     "conditionals",
     "conv",
     "inducing",
@@ -54,5 +61,6 @@ __all__ = [
     "kernels",
     "likelihoods",
     "linalg",
+    "mean_functions",
     "variational",
 ]

@@ -205,10 +205,22 @@ def plate(name: str, size: int, subsample_size: int | None = None, dim: int | No
     second site of that name (``Multiple sample sites named 'data'``). This function opens the plate on the indices
     already drawn, without recording them again, so a guide written with it works alone and as a part of
     ``AutoGuideList`` (the layers' own ``model``/``guide`` use it; use it for a data plate you own in a guide that
-    sits beside autoguides)."""
+    sits beside autoguides). A drawn plate of another size, or with another number of indices than asked for, is
+    refused with a ``ValueError``: its indices belong to other data (AutoGuideList draws its plates from the first
+    call's arguments unless given ``create_plates``)."""
     trace = current_trace()
     node = None if trace is None else trace.nodes.get(name)
     if node is not None and node["type"] == "sample" and subsample is None:
+        drawn_size, drawn = getattr(node["fn"], "size", size), len(node["value"])
+        if drawn_size != size or drawn != (size if subsample_size is None else subsample_size):
+            raise ValueError(
+                f"plate {name!r} of size {size} (subsample_size={subsample_size}) joins the plate of that name "
+                f"already drawn in this program, which has size {drawn_size} and {drawn} indices. AutoGuideList "
+                "draws the model's plates from its prototype trace, i.e. from the first call's data (the training "
+                "set and minibatch size); a call on other inputs (Predictive on test points) needs plates drawn from "
+                "its own arguments: AutoGuideList(model, create_plates=lambda X, *args, subsample_size=None, **kw: "
+                f"pyro.plate({name!r}, X.shape[-2], subsample_size=subsample_size, dim=-1))."
+            )
         with pyro.poutine.block(hide=[name]):
             return pyro.plate(name, size, dim=dim, subsample=node["value"], device=device)
     return pyro.plate(name, size, subsample_size=subsample_size, dim=dim, subsample=subsample, device=device)

@@ -34,7 +34,8 @@ __all__ = ["project", "conditional_loc", "conditional_var", "qf_terms", "qf_marg
 
 
 def project(Luu: torch.Tensor, Kuf: torch.Tensor) -> torch.Tensor:
-    """``W = Luu^{-1} Kuf``: ``Luu`` ``[..., M, M]``, ``Kuf`` ``[..., M, B]`` -> ``[..., M, B]``."""
+    """``W = Luu^{-1} Kuf``: ``Luu`` ``[..., M, M]``, ``Kuf`` ``[..., M, B]`` -> ``[..., M, B]``. The projection in
+    :math:`Q_{ff} = K_{fu}K_{uu}^{-1}K_{uf} = W^T W` (Hensman, Fusi, Lawrence 2013, section 2)."""
     return solve_lower(Luu, Kuf)
 
 
@@ -51,7 +52,7 @@ def _as_rows(u: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 
 
 def conditional_loc(u: torch.Tensor, W: torch.Tensor, Luu: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean of :math:`p(f \\mid u)`: ``Kfu Kuu^{-1} u``.
+    """Mean of :math:`p(f \\mid u)`: ``Kfu Kuu^{-1} u`` (the :math:`\\mu` of Hensman, Fusi, Lawrence 2013, eq. 2).
 
     :param u: sample of u, ``[M]``, ``[..., 1, M]`` or ``[..., L, 1, M]`` (module docstring).
     :param W: ``Luu^{-1} Kuf`` ``[..., M, B]`` or ``[..., L|1, M, B]``.
@@ -66,7 +67,9 @@ def conditional_loc(u: torch.Tensor, W: torch.Tensor, Luu: torch.Tensor | None =
 
 
 def conditional_var(kff_diag: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """Variance of :math:`p(f_n \\mid u)`: ``k_nn - sum_m W_mn^2`` (clamped at a tiny positive value)."""
+    """Variance of :math:`p(f_n \\mid u)`: ``k_nn - sum_m W_mn^2`` (clamped at a tiny positive value), the
+    :math:`\\tilde k_{nn}` of Hensman, Fusi, Lawrence (2013), eq. 2. ``kff_diag [..., B]``, ``W [..., M, B]`` (or
+    ``[..., L|1, M, B]``) -> ``[..., B]`` (or ``[..., L, B]``)."""
     return clamp_var(kff_diag - W.pow(2).sum(-2))
 
 
@@ -77,7 +80,10 @@ def qf_terms(
     Luu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The contribution of one set of inducing variables to the marginals of q(f): ``(a^T m, -a^T (K - S) a)``
-    (see :func:`qf_marginals`), unclamped so that contributions can be added (SOLVE-GP adds two)."""
+    (see :func:`qf_marginals`; Hensman, Matthews, Ghahramani 2015, eq. 8), unclamped so that contributions can be
+    added (SOLVE-GP adds two: Shi, Titsias, Mnih 2020, eqs. 32-34). Shapes as in :func:`qf_marginals`: ``W``
+    ``[..., M, B]``, ``u_loc`` ``[M]``, ``u_scale_tril`` ``[M, M]`` (``[L, ...]`` per output) -> two ``[..., B]`` (or
+    ``[..., L, B]``)."""
     A = W if Luu is None else solve_lower(Luu, W, transpose=True)  # [..., M, B]
     loc = (u_loc.unsqueeze(-2) @ A).squeeze(-2)
     LtA = u_scale_tril.mT @ A  # [..., M, B]
@@ -85,7 +91,9 @@ def qf_terms(
 
 
 def clamp_var(var: torch.Tensor) -> torch.Tensor:
-    """Clamp a variance at a tiny positive value (round-off can make ``k - a^T (K - S) a`` slightly negative)."""
+    """Clamp a variance at a tiny positive value (round-off can make ``k - a^T (K - S) a`` of Hensman, Matthews,
+    Ghahramani 2015, eq. 8, slightly negative): the square root of the dtype's smallest normal number. Element-wise,
+    any shape ``[...]``."""
     return var.clamp(min=torch.finfo(var.dtype).tiny ** 0.5)
 
 

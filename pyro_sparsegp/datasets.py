@@ -7,7 +7,10 @@ name           size             source
 powerplant     9568 x 4         UCI Combined Cycle Power Plant; split 0 of the Hernández-Lobato & Adams 2015
                                 / Gal & Ghahramani 2016 90/10 splits
 snelson        200 x 1          Snelson & Ghahramani 2006 1-D toy data (and 301 test inputs)
+kin8nm         8192 x 8         Delve kin8nm (robot-arm kinematics); split 0 of the Gal & Ghahramani 90/10 splits
 banana         5300 x 2         the 'banana' binary classification set (PMLB copy), labels mapped to {0, 1}
+vehicle        846 x 18         Statlog vehicle silhouettes, 4 classes (PMLB copy; ``data/vehicle/vehicle.tsv.gz``,
+                                read by ``tutorials/multiclass.ipynb``)
 mnist          2000 x 784       a stratified 2,000-image subset (200 per digit) of the MNIST test set
 =============  ===============  =============================================================================
 
@@ -23,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["Split", "load_powerplant", "load_snelson", "load_banana", "load_mnist_subset", "standardize"]
+__all__ = ["Split", "load_powerplant", "load_kin8nm", "load_snelson", "load_banana", "load_mnist_subset", "standardize"]
 
 DATA = Path(__file__).parent / "data"
 
@@ -43,12 +46,23 @@ def _t(a, dtype):
 
 
 def load_powerplant(dtype=None) -> Split:
-    """UCI power plant, split 0 (8611 train / 957 test rows), raw units (target: net hourly output in MW)."""
+    """UCI power plant, split 0 (8611 train / 957 test rows), raw units (target: net hourly output in MW):
+    a :class:`Split` with ``X_train [8611, 4]``, ``y_train [8611]``, ``X_test [957, 4]``, ``y_test [957]``."""
     with gzip.open(DATA / "powerplant" / "data.txt.gz", "rt") as fh:
         data = np.loadtxt(fh)
     test = np.loadtxt(DATA / "powerplant" / "index_test_0.txt", dtype=int)
     train = np.loadtxt(DATA / "powerplant" / "index_train_0.txt", dtype=int)
     X, y = data[:, :4], data[:, 4]
+    return Split(_t(X[train], dtype), _t(y[train], dtype), _t(X[test], dtype), _t(y[test], dtype))
+
+
+def load_kin8nm(dtype=None) -> Split:
+    """kin8nm, split 0 (7373 train / 819 test rows), raw units."""
+    with gzip.open(DATA / "kin8nm" / "data.txt.gz", "rt") as fh:
+        data = np.loadtxt(fh)
+    test = np.loadtxt(DATA / "kin8nm" / "index_test_0.txt", dtype=int)
+    train = np.loadtxt(DATA / "kin8nm" / "index_train_0.txt", dtype=int)
+    X, y = data[:, :8], data[:, 8]
     return Split(_t(X[train], dtype), _t(y[train], dtype), _t(X[test], dtype), _t(y[test], dtype))
 
 
@@ -77,6 +91,7 @@ def load_mnist_subset(dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
 
 def standardize(train: torch.Tensor, *others: torch.Tensor):
     """Shift and scale by the training mean and standard deviation (per column); returns the transformed tensors
-    followed by ``(mean, std)``."""
+    followed by ``(mean, std)``. ``train [N, D]`` (or ``[N]``) and each of ``others`` ``[T, D]`` keep their shapes;
+    ``mean`` and ``std`` are ``[D]`` (or ``[]``)."""
     mean, std = train.mean(0), train.std(0).clamp(min=1e-12)
     return ((train - mean) / std, *[(o - mean) / std for o in others], mean, std)

@@ -23,7 +23,7 @@ import torch
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
-from .kernels import expected_input_dim, kernel_diag, kernel_matrix
+from .kernels import kernel_diag, kernel_matrix, required_features
 from .kernels_conv import TICK, ConvKernel
 
 __all__ = [
@@ -88,8 +88,9 @@ class InducingPoints(InducingVariables):
         return self.Z.shape[-1]
 
     def check(self, kernel):
-        if expected_input_dim(kernel) not in (None, self.Z.shape[-1]):
-            raise ValueError(f"Z has {self.Z.shape[-1]} features but the kernel expects input_dim={kernel.input_dim}")
+        need = required_features(kernel)
+        if self.Z.shape[-1] < need:
+            raise ValueError(f"Z has {self.Z.shape[-1]} features but the kernel reads features up to index {need - 1}")
 
     def Kuu(self, kernel, other=None):
         other = self._same_kind(other)

@@ -157,8 +157,14 @@ def _sqdist_by_differences(Xc, Zc, ls):
     return torch.cat(parts, -2) if len(parts) > 1 else parts[0]
 
 
-def _zero_diagonal(r2):
-    return torch.diagonal_scatter(r2, torch.zeros_like(r2.diagonal(dim1=-2, dim2=-1)), dim1=-2, dim2=-1)
+def _set_diagonal_(T, value):
+    """Overwrite the diagonal of a freshly computed ``T`` ``[..., M, M]`` in place, outside autograd (``O(M)``, no
+    copy of ``T``). Used where the diagonal is ``value`` analytically and the computation left a rounding error
+    there: the gradient autograd records for those entries is that of the unrounded expression, whose parts cancel
+    (``d(-|x|^2 + x.x)/dx = 0``), so only the rounding is removed."""
+    with torch.no_grad():
+        T.diagonal(dim1=-2, dim2=-1).copy_(value)
+    return T
 
 
 def _scaled_sqdist(kernel, X, Z, square=False, exact=False):
@@ -171,9 +177,8 @@ def _scaled_sqdist(kernel, X, Z, square=False, exact=False):
     z2 = (Zs * Zs).sum(-1, keepdim=True)  # [..., M, 1]
     if not exact and _gemm_is_exact(x2, z2):
         r2 = (x2 - 2.0 * (Xs @ Zs.mT) + z2.mT).clamp(min=0)  # [..., N, M]
-    else:
-        r2 = _sqdist_by_differences(X, Z, ls)  # the raw inputs: x - z is exact for close points
-    return _zero_diagonal(r2) if square else r2
+        return _set_diagonal_(r2, 0.0) if square else r2
+    return _sqdist_by_differences(X, Z, ls)  # the raw inputs: x - z is exact for close points (0 for x = z)
 
 
 def _isotropic(kernel, r2):
@@ -211,16 +216,16 @@ def _rbf(kernel, X, Z, square=False):
     z2 = (Zs * Zs).sum(-1, keepdim=True)  # [..., M, 1]
     var = _hyper(kernel, "variance")
     if not _gemm_is_exact(x2, z2):
-        r2 = _sqdist_by_differences(X, Z, ls)  # the raw inputs: x - z is exact for close points
-        return var * torch.exp(-0.5 * (_zero_diagonal(r2) if square else r2))
+        r2 = _sqdist_by_differences(X, Z, ls)  # the raw inputs: x - z is exact for close points (0 for x = z)
+        return var * torch.exp(-0.5 * r2)
     bias = (var.log() - 0.5 * x2) - 0.5 * z2.mT
     if bias.dim() == 2 and Xs.dim() == 2 and Zs.dim() == 2:
-        K = torch.addmm(bias, Xs, Zs.mT).exp()
+        S = torch.addmm(bias, Xs, Zs.mT)
     else:
-        K = (Xs @ Zs.mT + bias).exp()
-    if square:  # r2 = 0 exactly on the diagonal (rounding may leave ~eps |x|^2 there); O(M) beside the O(M^2) K
-        K = torch.diagonal_scatter(K, _diag_var(var).expand(K.shape[:-1]).to(K.dtype), dim1=-2, dim2=-1)
-    return K
+        S = Xs @ Zs.mT + bias
+    if square:  # log var exactly on the diagonal (rounding may leave ~eps |x|^2 there)
+        _set_diagonal_(S, _diag_var(var).detach().log())
+    return S.exp()
 
 
 def kernel_matrix(kernel, X: torch.Tensor, Z: torch.Tensor | None = None) -> torch.Tensor:

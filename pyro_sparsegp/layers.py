@@ -39,6 +39,7 @@ from .distributions.kl import ConditionalNormal
 from .kernels import kernel_matrix
 from .likelihoods import Likelihood
 from .linalg import cholesky, project_chol, solve_lower
+from .validation import check_data, check_module_args, check_predict
 from .variational import GaussianQ
 
 __all__ = ["SVGP", "as_inputs", "ParamStoreWarning", "UntrainableWarning"]
@@ -131,9 +132,12 @@ class SVGP(PyroModule):
     :param bool whiten: put the prior ``N(0, I)`` on ``v = Luu^{-1} u`` instead of ``N(0, Kuu)`` on ``u``.
     :param str name: prefix of the sample sites.
     :param bool integrate_f: observe ``y`` from :class:`MarginalizedLikelihood` (``f`` integrated out given ``u``;
-        the default for likelihoods that are piecewise constant in ``f``, such as robust-max, whose sampled ``f``
-        site carries no gradient; ``False`` is refused for them);
-        same bound, lower variance) instead of sampling the ``<name>.f`` site.
+        same bound, lower variance) instead of sampling the ``<name>.f`` site. The default (``None``) integrates for
+        likelihoods that are piecewise constant in ``f``, such as robust-max, whose sampled ``f`` site carries no
+        gradient (``False`` warns for them), and samples ``f`` otherwise.
+    :param mean_function: a :class:`~pyro_sparsegp.mean_functions.MeanFunction` ``m`` (default: zero): the layer
+        models ``f = m(X) + g`` with ``g ~ GP(0, k)`` and ``u = g(Z)``, so ``m(X)`` ``[..., B, L]`` is added, per
+        output, to the mean of ``p(f | u)`` and of ``q(f)`` (Salimbeni & Deisenroth 2017, section 3).
 
     Shapes (``B`` points, ``L`` outputs):
 
@@ -142,7 +146,7 @@ class SVGP(PyroModule):
     ==================  ====================  =====================================
     ``model/guide``     ``X [N, D]``, y       ``f [B]`` or ``f [L, B]``
     ``sample_f``        ``X [..., B, D]``     ``f [..., B]`` or ``[..., L, B]``
-    ``predict``         ``X [..., N, D]``     ``(mean, var)`` each ``[..., N]`` or ``[..., L, N]``
+    ``predict``         ``X [..., N, D]``     ``(mean, var)`` each ``[..., N]`` or ``[..., N, L]``
     ==================  ====================  =====================================
 
     ``y`` is ``[N]`` for one output, ``[N, L]`` for ``L`` outputs of an element-wise likelihood and ``[N]`` for a
@@ -159,8 +163,11 @@ class SVGP(PyroModule):
         name: str = "gp",
         integrate_f: bool | None = None,
         jitter: float | None = None,
+        mean_function=None,
     ):
-        super().__init__(name=name)  # parameters are named "<name>.inducing.Z", "<name>.q_u.u_loc", ... in Pyro's store
+        super().__init__(name=name)  # parameters are "<name>.inducing.Z", "<name>.q_u.u_loc", ... in Pyro's store
+        if torch.is_tensor(Z):  # inducing points; other inducing variables check themselves (inducing.check)
+            check_module_args(kernel, Z, likelihood, num_outputs, jitter)
         _claim_store_names(name)
         piecewise = bool(getattr(likelihood, "piecewise_constant", False))
         if integrate_f is None:
@@ -177,6 +184,7 @@ class SVGP(PyroModule):
         Z = inducing.Z
         if Z.dim() == 3 and (num_outputs is None or Z.shape[0] != num_outputs):
             raise ValueError(f"Z of shape {tuple(Z.shape)} needs num_outputs == {Z.shape[0]}")
+        _check_finite("Z", Z)
         inducing.check(kernel)
         self.kernel = kernel
         self.inducing = inducing
@@ -186,9 +194,13 @@ class SVGP(PyroModule):
         self.name = name
         self.integrate_f = integrate_f
         self.jitter = jitter
+        out = getattr(mean_function, "out_dim", None)
+        if out is not None and out != (num_outputs or 1):
+            raise ValueError(f"the mean function has {out} outputs but the layer has {num_outputs or 1}")
+        self.mean_function = mean_function
         M = Z.shape[-2]
         scale_tril = None
-        if not whiten and not sampled_attributes(kernel, names=False):  # start at q(u) = p(u) (no prior draw of theta)
+        if not whiten and not sampled_attributes(kernel, names=False):  # start at q(u) = p(u) (unless theta is sampled)
             with torch.no_grad():
                 scale_tril = cholesky(ind.Kuu(inducing, kernel), jitter)
         self.q_u = GaussianQ(M, num_outputs, scale_tril)
@@ -254,6 +266,22 @@ class SVGP(PyroModule):
             return X.unsqueeze(-3)
         return X
 
+    def _mean(self, X):
+        """The mean function at ``X`` ``[..., B, D]`` laid out like ``f``: ``[..., B]`` or ``[..., L, B]`` (``0.0``
+        without one). ``m(X)`` ``[..., K, B, L]`` with ``K`` in ``{1, L}`` (X's dim -3 stands at f's dim -2):
+        output ``l`` reads row ``l`` (or the only row) of ``X``."""
+        if self.mean_function is None:
+            return 0.0
+        m = self.mean_function(X)
+        L = self.num_outputs or 1
+        if m.shape[-1] != L:
+            raise ValueError(f"the mean function gave {m.shape[-1]} outputs at inputs {tuple(X.shape)}; expected {L}")
+        if self.num_outputs is None:
+            return m.squeeze(-1)
+        if X.dim() == 2 or m.shape[-3] == 1:
+            return (m if X.dim() == 2 else m.squeeze(-3)).mT
+        return torch.diagonal(m, dim1=-3, dim2=-1).mT
+
     # -- distributions ------------------------------------------------------------------------------------------
     @layer_method
     def prior(self, Luu: torch.Tensor | None = None) -> dist.MultivariateNormal:
@@ -294,16 +322,23 @@ class SVGP(PyroModule):
     def _moments(self, X, u, consume):
         """Mean and variance of ``p(f | u)`` at ``X``, each ``[..., B]`` or ``[..., L, B]``."""
         Luu, W, kdiag = self._stats(X, consume)
-        loc = cond.conditional_loc(u, W, None if self.whiten else Luu)
+        loc = cond.conditional_loc(u, W, None if self.whiten else Luu) + self._mean(X)
         return loc, cond.conditional_var(kdiag, W).expand_as(loc)
 
     @layer_method
     def qf(self, X: torch.Tensor, consume: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Marginals of ``q(f)`` at ``X`` (Hensman 2015 eq. 8): ``(mean, var)``."""
         Luu, W, kdiag = self._stats(X, consume)
-        return cond.qf_marginals(W, kdiag, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
+        loc, var = cond.qf_marginals(W, kdiag, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
+        return loc + self._mean(X), var
 
     # -- sites --------------------------------------------------------------------------------------------------
+    def outputs_plate(self):
+        """The layer's outputs plate (``<name>.outputs``, ``dim=-2``, size ``L``) as drawn in this program by
+        :meth:`sample_u`: enter it to observe per-output sites of your own (e.g. ``y.mT`` ``[L, B]`` of a
+        multi-output regression written by hand). A null context for a single-output layer."""
+        return self._outputs_plate()
+
     def _outputs_plate(self, new: bool = False):
         # Pyro forbids constructing two plates of the same name in one trace, so each program builds the outputs
         # plate once, in sample_u (the layer's first site), and its other sites enter that same object.
@@ -342,7 +377,8 @@ class SVGP(PyroModule):
             return data_plate(f"{self.name}.data", N, subsample_size=subsample_size, dim=-1, device=device)
         return data_plate(f"{self.name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
 
-    def _check_data(self, X, y):
+    def _check_data(self, X, y, subsample_size=None, num_data=None, purpose="model"):
+        check_data(self, X, y, subsample_size, num_data, purpose)
         D = self.inducing.input_dim(self.kernel)
         if X.dim() < 2 or X.shape[-1] != D:
             raise ValueError(
@@ -377,7 +413,7 @@ class SVGP(PyroModule):
     def model(self, X, y=None, *, subsample_size=None, num_data=None):
         """Generative model. ``subsample_size``: the plate draws a minibatch of ``X``; ``num_data``: ``X`` already
         is a minibatch of a data set of that size (the likelihood is scaled by ``num_data / len(X)``)."""
-        self._check_data(X, y)
+        self._check_data(X, y, subsample_size, num_data)
         u = self.sample_u()
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
             Xb = X if num_data is not None or subsample_size is None else _take(X, idx)
@@ -393,7 +429,7 @@ class SVGP(PyroModule):
     def guide(self, X, y=None, *, subsample_size=None, num_data=None):
         """Variational distribution: ``q(u) p(f | u)``. Returns the drawn latent values by site name (a dict, as
         Pyro's autoguides do, so that it can be a part of ``AutoGuideList``)."""
-        self._check_data(X, y)
+        self._check_data(X, y, subsample_size, num_data)
         u = self.sample_u(guide=True)
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
             Xb = X if num_data is not None or subsample_size is None else _take(X, idx)
@@ -417,7 +453,7 @@ class SVGP(PyroModule):
         :class:`~pyro_sparsegp.PolyaGammaLogit` the augmented bound of Wenzel et al. 2019 at the optimal ``c``):
         ``num_data / B * sum_n E_q[log p(y_n | f_n)] - KL[q || p]``, an unbiased estimate of the full-data bound.
         This is what ``fit(..., elbo="analytic")`` maximises."""
-        self._check_data(X, y)
+        self._check_data(X, y, purpose="elbo")
         loc, var = self.qf(X)  # factorises once and keeps the factors for the KL
         kl = self.kl_divergence(consume=True)
         self._cache.clear()
@@ -434,12 +470,17 @@ class SVGP(PyroModule):
 
     @layer_method
     @torch.no_grad()
-    def predict(self, X: torch.Tensor, full: bool = False):
+    def predict(self, X: torch.Tensor, full: bool = False, batch_size: int | None = None):
         """Mean and variance of ``q(f*)`` at ``X`` ``[..., N, D]`` (no gradients); with ``full=True`` also the
-        predictive distribution of ``y*`` from the likelihood."""
-        self._check_data(X, None)
+        predictive distribution of ``y*`` from the likelihood, shaped like the training targets (``[..., N]``, or
+        ``[..., N, L]``). ``X`` is processed in chunks of ``batch_size`` rows (default: as many as keep the
+        ``[L, M, rows]`` projection within 2^24 elements), so memory is bounded."""
+        self._check_data(X, None, purpose="predict")
+        batch_size = check_predict(self, full, batch_size)
         multi = self.num_outputs is not None
-        mean, var = self.qf(X.unsqueeze(-3) if multi and X.dim() > 2 else X)  # [..., (L,) N]
+        Xq = X.unsqueeze(-3) if multi and X.dim() > 2 else X
+        parts = [self.qf(Xq[..., i : i + batch_size, :]) for i in range(0, max(X.shape[-2], 1), batch_size)]
+        mean, var = (torch.cat(t, -1) for t in zip(*parts, strict=True))  # [..., (L,) N]
         out = (mean.movedim(-2, -1), var.movedim(-2, -1)) if multi else (mean, var)
         if full:
             if self.likelihood is None:
@@ -456,7 +497,7 @@ class SVGP(PyroModule):
         terms, proj = self._full_terms(X)
         self._cache.clear()
         cov = kernel_matrix(self.kernel, Xk) - sum(P.mT @ P for P in proj)  # [(L|1,) N, N]
-        mean = 0.0
+        mean = self._mean(X)
         for W, loc, tril, L in terms:
             A = W if L is None else solve_lower(L, W, transpose=True)
             mean = mean + (loc.unsqueeze(-2) @ A).squeeze(-2)

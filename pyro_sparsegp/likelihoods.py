@@ -13,6 +13,9 @@ Shapes: element-wise likelihoods take ``f`` ``[..., B]`` and give ``y`` ``[..., 
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -43,7 +46,28 @@ class Likelihood(PyroModule):
 
     def __init__(self, num_gh: int = 20):
         super().__init__()
-        self.num_gh = num_gh
+        if isinstance(num_gh, bool) or not isinstance(num_gh, numbers.Integral) or num_gh < 1:
+            raise ValueError(f"num_gh (Gauss-Hermite nodes) must be a positive integer, got {num_gh!r}")
+        self.num_gh = int(num_gh)
+
+    def num_nodes(self, f_var: torch.Tensor) -> int:
+        """Gauss-Hermite nodes for q(f) of variance ``f_var``: ``num_gh`` while every standard deviation is at most
+        2, else ``num_gh * sd_max / 2`` (at most ``max(100, num_gh)``). Likelihoods with a kink on the scale of 1
+        (``log sigmoid``, ``log Phi``) make the quadrature converge slowly in the width of q(f): measured for
+        Bernoulli (worst over means within 3 sd), 20 nodes err by 1.4e-6 nats at sd 2, 6.7e-4 at sd 4, 2.5e-3 at
+        sd 5, 1.8e-2 at sd 8; the rule keeps it to 3e-5 at sd 4, 1e-4 at sd 5, 3e-4 at sd 8, 1.4e-3 at sd 12
+        (capped at 100 nodes, 1e-2 at sd 20)."""
+        if f_var.numel() == 0:
+            return self.num_gh
+        sd = float(f_var.detach().max().clamp(min=0).sqrt())
+        if not sd > 2.0:  # also NaN: the likelihood's own checks report it
+            return self.num_gh
+        return min(max(100, self.num_gh), max(self.num_gh, math.ceil(self.num_gh * min(sd, 1e6) / 2)))
+
+    def _as_values(self, y, f):
+        """Observations as floats of ``f``'s dtype (integer or boolean labels of a real-valued support)."""
+        y = torch.as_tensor(y, device=f.device)
+        return y if y.dtype == f.dtype else y.to(f.dtype)
 
     # -- the observation model ---------------------------------------------------------------------------------
     def distribution(self, f: torch.Tensor) -> dist.Distribution:
@@ -65,6 +89,7 @@ class Likelihood(PyroModule):
         plate). ``prefix`` names any auxiliary site a likelihood adds (``<prefix>.omega``)."""
         if y is not None:
             self.check_y(y)
+            y = self._as_values(y, f)
         seed_context(self)
         return pyro.sample(name, self.distribution(f), obs=y)
 
@@ -74,10 +99,11 @@ class Likelihood(PyroModule):
 
     # -- expectations under q(f) -----------------------------------------------------------------------------
     def quadrature_expected_log_prob(self, y, f_loc, f_var) -> torch.Tensor:
-        r""":math:`\int N(f; \mu, \sigma^2) \log p(y|f) df \approx \sum_i w_i \log p(y | \mu + \sigma x_i)`."""
-        x, w = gauss_hermite(self.num_gh, f_loc.dtype, f_loc.device)
+        r""":math:`\int N(f; \mu, \sigma^2) \log p(y|f) df \approx \sum_i w_i \log p(y | \mu + \sigma x_i)`
+        with :meth:`num_nodes` nodes."""
+        x, w = gauss_hermite(self.num_nodes(f_var), f_loc.dtype, f_loc.device)
         f = f_loc.unsqueeze(-1) + f_var.sqrt().unsqueeze(-1) * x  # [..., B, n]
-        logp = self.distribution(f).log_prob(y.unsqueeze(-1))
+        logp = self.distribution(f).log_prob(self._as_values(y, f_loc).unsqueeze(-1))
         return (logp * w).sum(-1)
 
     def expected_log_prob(self, y, f_loc, f_var) -> torch.Tensor:
@@ -102,6 +128,12 @@ class Gaussian(Likelihood):
 
     def __init__(self, noise: float | torch.Tensor = 1.0, num_gh: int = 20):
         super().__init__(num_gh)
+        n = torch.as_tensor(noise, dtype=torch.get_default_dtype()).detach()
+        if n.numel() != 1 or not bool(torch.isfinite(n).all()) or not bool((n > 0).all()):
+            raise ValueError(
+                f"noise is the variance of the Gaussian noise and must be one finite positive number, got {noise!r}; "
+                "e.g. Gaussian(noise=0.1)"
+            )
         self.noise = PyroParam(torch.as_tensor(noise, dtype=torch.get_default_dtype()), constraints.positive)
 
     def distribution(self, f):
@@ -109,7 +141,7 @@ class Gaussian(Likelihood):
 
     def expected_log_prob(self, y, f_loc, f_var):
         noise = self.noise
-        return dist.Normal(f_loc, noise.sqrt()).log_prob(y) - 0.5 * f_var / noise
+        return dist.Normal(f_loc, noise.sqrt()).log_prob(self._as_values(y, f_loc)) - 0.5 * f_var / noise
 
     def predictive(self, f_loc, f_var):
         return dist.Normal(f_loc, (f_var + self.noise).sqrt())
@@ -139,7 +171,7 @@ class Bernoulli(Likelihood):
         if self.link == "probit":
             z = f_loc / (1 + f_var).sqrt()
             return dist.Bernoulli(logits=_log_ndtr(z) - _log_ndtr(-z))
-        x, w = gauss_hermite(self.num_gh, f_loc.dtype, f_loc.device)
+        x, w = gauss_hermite(self.num_nodes(f_var), f_loc.dtype, f_loc.device)
         p = (torch.sigmoid(f_loc.unsqueeze(-1) + f_var.sqrt().unsqueeze(-1) * x) * w).sum(-1)
         return dist.Bernoulli(probs=p.clamp(1e-12, 1 - 1e-12))
 
@@ -167,6 +199,7 @@ class PolyaGammaLogit(Bernoulli):
 
         if y is not None:
             self.check_y(y)
+            y = self._as_values(y, f)
         seed_context(self)
         omega = pyro.sample(f"{prefix}.omega", PolyaGamma(torch.ones_like(f), torch.zeros_like(f)))
         return pyro.sample(name, PolyaGammaAugmentedBernoulli(f, omega), obs=y)
@@ -177,7 +210,7 @@ class PolyaGammaLogit(Bernoulli):
         maximises. The exact logit expectation is :meth:`quadrature_expected_log_prob`."""
         from .bounds.polya_gamma import jaakkola_jordan_bound, optimal_c
 
-        return jaakkola_jordan_bound(y, f_loc, f_var, optimal_c(f_loc, f_var))
+        return jaakkola_jordan_bound(self._as_values(y, f_loc), f_loc, f_var, optimal_c(f_loc, f_var))
 
     def guide(self, qf, prefix="gp"):
         from .bounds.polya_gamma import optimal_c

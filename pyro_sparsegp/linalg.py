@@ -9,6 +9,15 @@ Jitter policy (one place, used everywhere):
   :class:`CholeskyJitterWarning` saying which jitter succeeded.
 * If every try fails it raises :class:`torch.linalg.LinAlgError` naming the largest jitter tried. It never returns
   NaN silently.
+* A factorisation that succeeds can still be numerically singular: when a pivot :math:`L_{ii}^2` is less than four times
+  the jitter that was added, the jitter (not the matrix) made it positive definite, so the matrix is singular to
+  working precision (duplicate or near-duplicate inducing inputs are the usual cause; a rank-one ``Kuu`` from
+  all-equal inputs factorises with a ``1e-10`` jitter in float64). Quantities built from its inverse (the
+  un-whitened KL, ``Kuu^{-1}``) are then dominated by the jitter. :func:`cholesky` emits
+  :class:`IllConditionedWarning` naming the number of such pivots and the fix.
+
+Each warning is emitted **once per cause** per process (cause: the kind, the matrix size, the dtype and the jitter
+reached), not at every step; :func:`reset_warnings` forgets what was reported.
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ import torch
 
 __all__ = [
     "CholeskyJitterWarning",
+    "IllConditionedWarning",
+    "reset_warnings",
     "cholesky",
     "default_jitter",
     "gauss_hermite",
@@ -34,6 +45,52 @@ __all__ = [
 
 class CholeskyJitterWarning(UserWarning):
     """Emitted when :func:`cholesky` had to raise the jitter above its base value to factorise a matrix."""
+
+
+class IllConditionedWarning(UserWarning):
+    """Emitted when :func:`cholesky` succeeded only because of the jitter: the matrix is numerically singular."""
+
+
+_REPORTED: set = set()
+_RESET_HOOKS: list = []  # other modules' memories of what they checked or reported
+
+
+def reset_warnings() -> None:
+    """Forget which causes the package has reported (here and in :mod:`pyro_sparsegp.validation`), so that each
+    warns again (once)."""
+    _REPORTED.clear()
+    for hook in _RESET_HOOKS:
+        hook()
+
+
+def _warn_once(cause, message, category, stacklevel=3):
+    if cause in _REPORTED:
+        return
+    _REPORTED.add(cause)
+    warnings.warn(message, category, stacklevel=stacklevel)
+
+
+def _check_conditioning(A, L, eps, scale):
+    """Warn (once per cause) when some pivot ``L_ii^2`` is below four times the jitter ``eps * scale`` ``[...]``."""
+    if eps <= 0:
+        return
+    added = eps * scale
+    piv = L.detach().diagonal(dim1=-2, dim2=-1).pow(2)  # [..., M]
+    dominated = piv < 4 * added.unsqueeze(-1)
+    if not bool(dominated.any()):
+        return
+    count = int(dominated.sum(-1).max())
+    M = A.shape[-1]
+    _warn_once(
+        ("ill", M, A.dtype),
+        f"cholesky: a {M} x {M} matrix is numerically singular: {count} of its {M} pivots come from the jitter "
+        f"(relative {eps:.1e}), not from the matrix. For a kernel matrix of inducing inputs this means duplicate or "
+        "near-duplicate inputs (or a lengthscale much larger than their spread); terms with its inverse (the "
+        "un-whitened KL) are then dominated by the jitter. Remove duplicate inducing inputs, use fewer of them, or "
+        "use whiten=True.",
+        IllConditionedWarning,
+        stacklevel=4,
+    )
 
 
 def default_jitter(dtype: torch.dtype) -> float:
@@ -55,10 +112,14 @@ def cholesky(A: torch.Tensor, jitter: float | None = None, max_tries: int = 6) -
     """Lower Cholesky factor of a batch of symmetric positive-definite matrices with jitter escalation.
 
     :param A: ``[..., M, M]`` symmetric matrices.
-    :param jitter: base relative jitter (default :func:`default_jitter`), scaled by the mean diagonal of ``A``.
+    :param jitter: base relative jitter (default :func:`default_jitter`), scaled by the mean diagonal of ``A``;
+        ``0`` tries the exact matrix first and then escalates from :func:`default_jitter`.
     :param max_tries: how many tenfold escalations to try after the first attempt.
     :returns: ``L`` ``[..., M, M]`` with ``L @ L.mT = A + jitter * mean(diag A) * I``.
     :raises torch.linalg.LinAlgError: if the matrix is not positive definite even with the largest jitter.
+
+    Warns :class:`CholeskyJitterWarning` when the jitter had to be raised and :class:`IllConditionedWarning` when
+    the matrix is numerically singular (the module docstring gives the escalation), each once per cause.
     """
     if jitter is None:
         jitter = default_jitter(A.dtype)
@@ -70,14 +131,16 @@ def cholesky(A: torch.Tensor, jitter: float | None = None, max_tries: int = 6) -
         L, info = torch.linalg.cholesky_ex(add_diag(A, eps * scale))
         if not bool((info > 0).any()):
             if attempt > 0:
-                warnings.warn(
+                _warn_once(
+                    ("jitter", A.shape[-1], A.dtype, eps),
                     f"cholesky: matrix of size {A.shape[-1]} was not numerically positive definite; "
-                    f"succeeded with relative jitter {eps:.1e} (base {jitter:.1e})",
+                    f"succeeded with relative jitter {eps:.1e} (base {jitter:.1e}); reported once per size and "
+                    "jitter (duplicate inducing inputs, or float32 with many of them, are the usual cause)",
                     CholeskyJitterWarning,
-                    stacklevel=2,
                 )
+            _check_conditioning(A, L, eps, scale)
             return L
-        eps *= 10.0
+        eps = max(eps * 10.0, default_jitter(A.dtype) if attempt == 0 and eps == 0 else 0.0)  # jitter=0: then base
     raise torch.linalg.LinAlgError(
         f"cholesky: matrix of size {A.shape[-1]} is not positive definite even with relative jitter "
         f"{eps / 10:.1e}; check the inputs (duplicate points, NaN) and the kernel hyperparameters"

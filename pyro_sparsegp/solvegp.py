@@ -44,6 +44,7 @@ from .composition import draw_hyperparameters, layer_method, sampled_attributes
 from .distributions.kl import ConditionalNormal
 from .layers import SVGP, _XKey
 from .linalg import cholesky, gram, project_chol
+from .validation import check_orthogonal_inputs
 from .variational import GaussianQ
 
 __all__ = ["SOLVEGP"]
@@ -72,11 +73,14 @@ class SOLVEGP(SVGP):
         num_outputs=None,
         whiten=True,
         name="gp",
-        integrate_f=False,
+        integrate_f=None,
         jitter=None,
         odvgp=False,
+        mean_function=None,
     ):
-        super().__init__(kernel, Z, likelihood, num_outputs, whiten, name, integrate_f, jitter)
+        super().__init__(kernel, Z, likelihood, num_outputs, whiten, name, integrate_f, jitter, mean_function)
+        if torch.is_tensor(O):
+            check_orthogonal_inputs(O, self.Z)
         Z, orthogonal = self.Z, ind.as_inducing(O)  # O: a tensor (inducing points) or inducing variables like Z's
         if type(orthogonal) is not type(self.inducing):
             raise ValueError(f"O must be the same kind of inducing variable as Z ({type(self.inducing).__name__}), "
@@ -199,17 +203,18 @@ class SOLVEGP(SVGP):
         u, v = uv
         stats = self._stats(X, consume)
         loc_perp, var = self._perp_moments(stats, v)
-        loc = cond.conditional_loc(u, stats[2], None if self.whiten else stats[0]) + loc_perp
+        loc = cond.conditional_loc(u, stats[2], None if self.whiten else stats[0]) + loc_perp + self._mean(X)
         return loc, var.expand_as(loc)
 
     @layer_method
     def project(self, X, u, consume=True):
-        """``Kfu Kuu⁻¹ u`` at ``X`` ``[..., B, D]``: the part of ``f`` in the span of the inducing points (eq. 4),
+        """``Kfu Kuu⁻¹ u`` at ``X`` ``[..., B, D]`` (plus the mean function ``m(X)``, if any): the part of ``f`` in
+        the span of the inducing points (eq. 4),
         ``[..., B]`` or ``[..., L, B]``; ``u`` as returned by :meth:`sample_u` (whitened: ``Luu⁻¹ u``). Called in the
         model, it takes the factors that the guide's :meth:`sample_f_perp` left for these inputs (one factorisation
         per ELBO evaluation), and computes them otherwise."""
         Luu, Lc, B, D, kdiag = self._stats(X, consume)
-        return cond.conditional_loc(u, B, None if self.whiten else Luu)
+        return cond.conditional_loc(u, B, None if self.whiten else Luu) + self._mean(X)
 
     @layer_method
     def orthogonal_conditional(self, X, v, consume=False) -> ConditionalNormal:
@@ -237,7 +242,7 @@ class SOLVEGP(SVGP):
         Luu, Lc, B, D, kdiag = self._stats(X, consume)
         lu, vu = cond.qf_terms(B, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
         lv, vv = cond.qf_terms(D, self.q_v.u_loc, self._v_scale(Lc), None if self.whiten else Lc)
-        return lu + lv, cond.clamp_var(kdiag + vu + vv)
+        return lu + lv + self._mean(X), cond.clamp_var(kdiag + vu + vv)
 
     def _full_terms(self, X):
         Luu, Lc, B, D, _ = self._stats(X, consume=False)

@@ -20,7 +20,8 @@ __all__ = ["GaussianQ", "to_natural", "from_natural"]
 
 
 class GaussianQ(PyroModule):
-    """Full-rank Gaussian over ``M`` inducing values for each of ``L`` outputs.
+    """Full-rank Gaussian :math:`q(u) = N(m, LL^T)` over ``M`` inducing values for each of ``L`` outputs (Hensman,
+    Fusi, Lawrence 2013, section 3.1).
 
     :param int M: number of inducing variables.
     :param int num_outputs: ``L``, or ``None`` for a single output.
@@ -63,7 +64,8 @@ class GaussianQ(PyroModule):
 
     @torch.no_grad()
     def set(self, loc: torch.Tensor, scale_tril: torch.Tensor | None = None) -> None:
-        """Overwrite ``(u_loc, u_scale_tril)`` (used by natural-gradient steps); values keep their constraints."""
+        """Overwrite ``(u_loc, u_scale_tril)`` (used by the natural-gradient steps of Hensman, Fusi, Lawrence 2013,
+        section 3.2); values keep their constraints. ``loc [M]``/``[L, M]``, ``scale_tril [M, M]``/``[L, M, M]``."""
         self.u_loc = loc.detach().clone()
         if scale_tril is not None:
             self.u_scale_tril = scale_tril.detach().clone()
@@ -71,7 +73,8 @@ class GaussianQ(PyroModule):
 
 def to_natural(loc: torch.Tensor, scale_tril: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     r""":math:`(\theta_1, \theta_2) = (S^{-1} m, -\tfrac12 S^{-1})` from ``m`` ``[..., M]`` and
-    ``L`` ``[..., M, M]``."""
+    ``L`` ``[..., M, M]`` (``S = LL^T``): the natural parameters of Hensman, Fusi, Lawrence (2013), section 3.2.
+    Returns ``([..., M], [..., M, M])``."""
     eye = torch.eye(loc.shape[-1], dtype=loc.dtype, device=loc.device)
     Linv = torch.linalg.solve_triangular(scale_tril, eye.expand_as(scale_tril), upper=False)
     prec = Linv.mT @ Linv  # [..., M, M]
@@ -79,7 +82,8 @@ def to_natural(loc: torch.Tensor, scale_tril: torch.Tensor) -> tuple[torch.Tenso
 
 
 def from_natural(theta1: torch.Tensor, theta2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Inverse of :func:`to_natural`: ``S = (-2 theta2)^{-1}``, ``m = S theta1``; returns ``(m, chol(S))``."""
+    r"""Inverse of :func:`to_natural` (Hensman, Fusi, Lawrence 2013, section 3.2): ``S = (-2 theta2)^{-1}``,
+    ``m = S theta1``. ``theta1 [..., M]``, ``theta2 [..., M, M]``; returns ``(m [..., M], chol(S) [..., M, M])``."""
     prec = -2.0 * theta2
     prec = 0.5 * (prec + prec.mT)
     Lp = cholesky(prec)

@@ -1,6 +1,11 @@
-"""Test harness after Pyro's: float64 by default (``PYRO_SPARSEGP_DTYPE=float32`` for a float32 pass), a clear
-param store, module-local PyroModule parameters (so two modules in one test never share parameters through Pyro's
-global store; tests of the global store opt out), validation on and a fixed seed before every test."""
+"""Test harness after Pyro's: float64 by default (``PYRO_SPARSEGP_DTYPE=float32`` for a float32 pass), the default
+device from ``PYRO_SPARSEGP_DEVICE`` (e.g. ``cuda``; unset: torch's own default, the CPU; ``cpu`` runs the suite through
+the same switch, with ``torch.set_default_device`` active), a clear param store, module-local PyroModule parameters
+(so two modules in one test never share parameters through Pyro's global store; tests of the global store opt out),
+validation on and a fixed seed before every test.
+
+Tests create tensors with factory functions (``torch.randn``, ``torch.zeros``, ...), which follow the default device,
+so the whole suite runs on a GPU with ``PYRO_SPARSEGP_DEVICE=cuda``."""
 
 import os
 
@@ -9,6 +14,13 @@ import pytest
 import torch
 
 DTYPE = getattr(torch, os.environ.get("PYRO_SPARSEGP_DTYPE", "float64"))
+DEVICE = os.environ.get("PYRO_SPARSEGP_DEVICE") or None
+if DEVICE is not None:
+    torch.device(DEVICE)  # a malformed name fails here, before any test
+
+
+def pytest_report_header(config):
+    return f"pyro_sparsegp: dtype {DTYPE}, device {DEVICE or 'torch default (cpu)'}"
 
 
 def pytest_configure(config):
@@ -23,9 +35,13 @@ def pytest_configure(config):
 def _reset(request):
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64 if request.node.get_closest_marker("float64") else DTYPE)
+    if DEVICE is not None:
+        torch.set_default_device(DEVICE)
     pyro.clear_param_store()
     pyro.enable_validation(True)
     pyro.set_rng_seed(0)
     with pyro.settings.context(module_local_params=True):
         yield
     torch.set_default_dtype(old)
+    if DEVICE is not None:
+        torch.set_default_device(None)

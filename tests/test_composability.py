@@ -42,8 +42,14 @@ def _expose(msg):
     return msg["name"].startswith(("gp.kernel.", "gp.likelihood."))
 
 
+def _data_plates(X, y=None, subsample_size=None):
+    # AutoGuideList would draw the data plate from its first call (the training set and minibatch); drawn from each
+    # call's own inputs, the same guide also serves Predictive on test points
+    return pyro.plate("gp.data", X.shape[-2], subsample_size=subsample_size, dim=-1)
+
+
 def _autoguide_list(gp, auto_cls=AutoNormal):
-    guide = AutoGuideList(gp.model)
+    guide = AutoGuideList(gp.model, create_plates=_data_plates)
     guide.append(auto_cls(poutine.block(gp.model, expose_fn=_expose)))
     guide.append(gp.guide)
     return guide
@@ -301,14 +307,14 @@ def test_robust_max_default_integrates_f_and_trains():
 # -- 6: Pyro's global parameter store -----------------------------------------------------------------------------
 def test_second_model_of_the_same_name_trains_its_own_parameters():
     with pyro.settings.context(module_local_params=False):
-        X, y = torch.randn(30, 1), torch.randn(30)
-        gp1 = ps.SVGP(RBF(1), torch.randn(10, 1), ps.Gaussian())
+        X, y = torch.randn(30, 3), torch.randn(30)
+        gp1 = ps.SVGP(RBF(3), torch.randn(10, 3), ps.Gaussian())
         SVI(gp1.model, gp1.guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO()).step(X, y)
         assert "gp.inducing.Z" in pyro.get_param_store()
         with pytest.warns(ps.layers.ParamStoreWarning, match="'gp'"):
-            gp2 = ps.SVGP(RBF(1), torch.randn(20, 1), ps.Gaussian())
+            gp2 = ps.SVGP(RBF(3), torch.randn(20, 3), ps.Gaussian())
         SVI(gp2.model, gp2.guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO()).step(X, y)
-        assert gp2.Z.shape == (20, 1) and pyro.get_param_store()["gp.inducing.Z"].shape == (20, 1)
+        assert gp2.Z.shape == (20, 3) and pyro.get_param_store()["gp.inducing.Z"].shape == (20, 3)
 
 
 # -- 7: prediction --------------------------------------------------------------------------------------------------
@@ -380,7 +386,7 @@ def _gplvm(N=24, Q=2, D_out=3, M=6):
         with pyro.plate("data", len(Y), subsample_size=B, dim=-1) as i:
             x = pyro.sample("x", dist.Normal(torch.zeros(Q), 1.0).to_event(1))  # [..., (1,) B, Q]
             f = gp.sample_f(x, u)  # [..., D_out, B]
-            with gp._outputs_plate():
+            with gp.outputs_plate():
                 lik(f, Y[i].mT)
 
     def guide(Y, B=8):

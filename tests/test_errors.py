@@ -7,7 +7,7 @@ from pyro.contrib.gp.kernels import RBF
 from pyro.infer import Trace_ELBO
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.linalg import CholeskyJitterWarning, cholesky
+from pyro_sparsegp.linalg import CholeskyJitterWarning, IllConditionedWarning, cholesky, reset_warnings
 
 
 def _gp(lik=None, D=2):
@@ -53,7 +53,10 @@ def test_mismatched_shapes_are_refused():
 
 
 def test_inducing_points_with_the_wrong_dimension_are_refused():
-    with pytest.raises(ValueError, match="Z has 3 features but the kernel expects input_dim=2"):
+    with pytest.raises(ValueError, match="Z has 2 features but the kernel expects input_dim=3"):
+        ps.SVGP(RBF(3), torch.randn(4, 2), ps.Gaussian())
+    # more features than the kernel's input_dim: the kernel acts on its active_dims (0, 1), with a warning
+    with pytest.warns(UserWarning, match="acts on features 0..1 of the 3 in Z; the others are ignored"):
         ps.SVGP(RBF(2), torch.randn(4, 3), ps.Gaussian())
     with pytest.raises(ValueError, match="Z must be"):
         ps.SVGP(RBF(2), torch.randn(4), ps.Gaussian())
@@ -70,12 +73,15 @@ def test_duplicate_inducing_points_in_float32_escalate_jitter_with_a_warning():
     Z[4] = Z[1] + 1e-7
     kernel = RBF(2, lengthscale=torch.tensor(3.0))
     K = kernel(Z)
-    with pytest.warns(CholeskyJitterWarning, match="succeeded with relative jitter"):
-        L = cholesky(K, jitter=1e-9)
+    reset_warnings()  # warnings are reported once per cause per process
+    with pytest.warns(IllConditionedWarning, match="2 of its 6 pivots come from the jitter"):  # the duplicates
+        with pytest.warns(CholeskyJitterWarning, match="succeeded with relative jitter"):
+            L = cholesky(K, jitter=1e-9)
     assert torch.isfinite(L).all()
     gp = ps.SVGP(kernel, Z, ps.Gaussian(), jitter=1e-9)
     X, y = torch.randn(8, 2), torch.randn(8)
-    with pytest.warns(CholeskyJitterWarning):
+    reset_warnings()
+    with pytest.warns(IllConditionedWarning), pytest.warns(CholeskyJitterWarning):
         loss = _loss(gp, X, y)
     assert torch.isfinite(torch.tensor(loss))
 

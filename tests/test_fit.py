@@ -1,12 +1,20 @@
-"""The training loop: it learns, guards non-finite losses, checkpoints and resumes identically."""
+"""The training loop: it learns, uses the closed-form bound by default (a Pyro ELBO for custom modules), takes the
+same batches from tensors, numpy arrays, a batch-reading dataset or a memory-mapped file, guards numerical failures
+(restoring the last good parameters), checkpoints and resumes identically."""
 
+import numpy as np
+import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
+from pyro.nn import PyroModule, PyroParam
+from torch.distributions import constraints
 from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.infer import NonFiniteLossError, fit
+from pyro_sparsegp.data_stream import MemmapDataset, write_npy
+from pyro_sparsegp.infer import EpochBatchSampler, NonFiniteLossError, fit
 
 
 def _data(n=300):
@@ -17,6 +25,11 @@ def _data(n=300):
 
 def _gp():
     return ps.SVGP(RBF(1), torch.linspace(-3, 3, 12).unsqueeze(-1), ps.Gaussian(0.5))
+
+
+def _same(a, b, tol=0.0):
+    for (k, u), (_, v) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        torch.testing.assert_close(u, v, rtol=tol, atol=tol, msg=k)
 
 
 @pytest.mark.parametrize("natgrad_lr", [None, 0.5], ids=["adam", "natgrad"])
@@ -31,6 +44,42 @@ def test_fit_learns_a_function(natgrad_lr):
     assert gp.likelihood.noise < 0.05
 
 
+def test_the_default_objective_is_the_closed_form_bound():
+    X, y = _data()
+    gp = _gp()
+    idx = EpochBatchSampler(len(X), 64, seed=4).permutation(0)[:64]
+    expected = -gp.analytic_elbo(X[idx], y[idx], num_data=len(X)).item()
+    state = fit(gp, X, y, num_steps=1, batch_size=64, seed=4, progress=False)
+    assert state.losses[0] == pytest.approx(expected, rel=1e-6)
+
+
+class _BayesLinear(PyroModule):
+    """A custom module with model/guide only (no analytic_elbo): fit must use a Pyro ELBO for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.w_loc = PyroParam(torch.zeros(()), constraints.real)
+        self.w_scale = PyroParam(torch.ones(()), constraints.positive)
+
+    def model(self, X, y, num_data=None):
+        w = pyro.sample("w", dist.Normal(0.0, 10.0))
+        with pyro.plate("data", num_data, subsample_size=X.shape[0]):
+            pyro.sample("y", dist.Normal(w * X[:, 0], 0.1), obs=y)
+
+    def guide(self, X, y, num_data=None):
+        pyro.sample("w", dist.Normal(self.w_loc, self.w_scale))
+
+
+def test_a_custom_pyro_module_trains_with_a_pyro_elbo():
+    X = torch.randn(200, 1)
+    y = 1.7 * X[:, 0] + 0.1 * torch.randn(200)
+    m = _BayesLinear()
+    fit(m, X, y, num_steps=300, batch_size=50, lr=0.05, progress=False)
+    assert abs(m.w_loc.item() - 1.7) < 0.05
+    with pytest.raises(TypeError, match="analytic_elbo"):
+        fit(_BayesLinear(), X, y, num_steps=1, elbo="analytic", progress=False)
+
+
 def test_fit_accepts_a_dataloader_and_shows_progress(capsys):
     X, y = _data()
     gp = _gp()
@@ -41,49 +90,153 @@ def test_fit_accepts_a_dataloader_and_shows_progress(capsys):
     assert "fit" in err and "elbo=" in err
 
 
+def test_tensors_arrays_lists_datasets_and_memmaps_give_the_same_run(tmp_path):
+    """Batches are drawn by index; every data source yields the same batches (a memmap returns a batch's rows in
+    sorted order, which leaves the bound, a sum over the batch, unchanged up to round-off)."""
+    X, y = _data(200)
+    ref = _gp()
+    fit(ref, X, y, num_steps=12, batch_size=32, progress=False, seed=2)
+    path = tmp_path / "data.npy"
+    write_npy(path, X, y)
+    sources = [
+        dict(X=X.numpy(), y=y.numpy()),
+        dict(X=X.tolist(), y=y.tolist()),
+        dict(dataset=TensorDataset(X, y)),
+        dict(dataset=MemmapDataset(path)),
+    ]
+    for src in sources:
+        gp = _gp()
+        fit(gp, **src, num_steps=12, batch_size=32, progress=False, seed=2)
+        tol = 1e-3 if torch.get_default_dtype() == torch.float32 else 1e-10  # summation order
+        _same(ref, gp, tol if "dataset" in src and isinstance(src["dataset"], MemmapDataset) else 0.0)
+
+
+def test_memmap_dataset_reads_the_rows_it_is_asked_for(tmp_path):
+    X, y = torch.randn(50, 3), torch.randn(50)
+    path = tmp_path / "d.npy"
+    write_npy(path, X, y, chunk=7)
+    ds = MemmapDataset(path)
+    assert len(ds) == 50 and ds.num_features == 3
+    idx = torch.tensor([40, 3, 17])
+    Xb, yb = ds[idx]
+    order = idx.sort().values
+    torch.testing.assert_close(Xb, X[order].to(Xb.dtype))
+    torch.testing.assert_close(yb, y[order].to(yb.dtype))
+    with pytest.raises(IndexError, match="indices must be in"):
+        ds[torch.tensor([50])]
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.zeros(5))
+    with pytest.raises(ValueError, match="bad.npy"):
+        MemmapDataset(bad)
+
+
 def test_non_finite_loss_stops_with_the_step_and_restores_the_last_finite_state():
     X, y = _data()
     gp = _gp()
     seen = {}
 
     def corrupt(step, loss):
+        if step == 4:
+            seen["good"] = {k: v.detach().clone() for k, v in gp.state_dict().items()}
         if step == 5:
-            seen["before"] = {k: v.detach().clone() for k, v in gp.state_dict().items()}
             with torch.no_grad():
                 gp.q_u.u_loc_unconstrained[0] = float("nan")
 
     with pytest.raises(NonFiniteLossError, match="step 5") as info:
         fit(gp, X, y, num_steps=50, batch_size=64, progress=False, callback=corrupt)
-    assert info.value.step == 5
+    assert info.value.step == 5 and info.value.restored_step == 4
+    assert len(info.value.state.losses) == 5
+    # restored to the parameters at which the step-4 loss was computed (those after step 3's update)
     for k, v in gp.state_dict().items():
         assert torch.isfinite(v).all(), k
-    # restored to the parameters at which the step-4 loss was computed (before step 4's update)
-    assert not torch.equal(gp.state_dict()["q_u.u_loc_unconstrained"], seen["before"]["q_u.u_loc_unconstrained"])
+        torch.testing.assert_close(v, seen["good"][k], rtol=0, atol=0, msg=k)
 
 
-def test_checkpoint_resumes_identically(tmp_path):
+def test_a_diverging_learning_rate_names_the_step_and_leaves_a_model_that_predicts():
+    """lr = 100 makes the kernel or the noise overflow within a few steps; whatever fails (a non-finite loss, a
+    Cholesky refusing inf, a validation error), fit restores the last good parameters and names the step."""
+    X, y = _data()
+    for elbo in ["analytic", pyro.infer.TraceMeanField_ELBO()]:
+        gp = _gp()
+        with pytest.raises(NonFiniteLossError, match=r"at step \d+") as info:
+            fit(gp, X, y, num_steps=200, batch_size=64, lr=100.0, elbo=elbo, progress=False, natgrad_lr=None)
+        assert 0 < info.value.step < 200
+        assert info.value.restored_step is not None and info.value.restored_step < info.value.step
+        mean, var = gp.predict(X)
+        assert torch.isfinite(mean).all() and torch.isfinite(var).all()
+        assert len(info.value.state.losses) == info.value.step
+
+
+def test_a_window_of_unsynchronised_steps_is_the_same_run_and_restores_its_start():
+    X, y = _data()
+    a, b = _gp(), _gp()
+    fit(a, X, y, num_steps=23, batch_size=64, progress=False)
+    seen = []
+    state = fit(b, X, y, num_steps=23, batch_size=64, progress=False, sync_every=5,
+                callback=lambda step, loss: seen.append((step, loss)))
+    assert len(state.losses) == 23
+    assert seen == list(enumerate(state.losses, 1))  # every step, in order, once its loss was read back
+    _same(a, b)
+    # a failure inside a window restores the parameters copied at the window's start
+    gp = _gp()
+    with pytest.raises(NonFiniteLossError, match=r"at step \d+") as info:
+        fit(gp, X, y, num_steps=200, batch_size=64, lr=100.0, progress=False, sync_every=5, natgrad_lr=None)
+    j = info.value.step
+    assert info.value.restored_step == (j - j % 5 if j % 5 else j - 5)  # the window's start (the previous one's)
+    assert len(info.value.state.losses) == j
+    assert all(torch.isfinite(v).all() for v in gp.state_dict().values())
+
+
+@pytest.mark.parametrize("natgrad_lr", [None, 0.5], ids=["adam", "natgrad"])
+def test_checkpoint_resumes_identically(tmp_path, natgrad_lr):
     X, y = _data()
     straight = _gp()
-    fit(straight, X, y, num_steps=30, batch_size=64, progress=False, seed=3)
+    kw = dict(batch_size=64, progress=False, seed=3, natgrad_lr=natgrad_lr)
+    fit(straight, X, y, num_steps=30, **kw)
 
     first = _gp()
     path = tmp_path / "ckpt.pt"
-    fit(first, X, y, num_steps=13, batch_size=64, progress=False, seed=3, checkpoint=str(path))
+    fit(first, X, y, num_steps=13, checkpoint=str(path), **kw)
     resumed = _gp()
     with torch.no_grad():  # start from a different state to show the checkpoint overrides it
         resumed.q_u.u_loc_unconstrained.add_(1.0)
-    state = fit(resumed, X, y, num_steps=30, batch_size=64, progress=False, seed=3, resume=str(path))
+    state = fit(resumed, X, y, num_steps=30, resume=str(path), **kw)
     assert state.step == 30 and len(state.losses) == 30
-    for (k, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
+    _same(straight, resumed)
 
 
-def test_fit_validates_arguments():
+def test_solvegp_trains_with_natural_gradients():
     X, y = _data()
-    with pytest.raises(ValueError, match="different numbers of rows"):
-        fit(_gp(), X, y[:-1], num_steps=1, progress=False)
-    with pytest.raises(ValueError, match="num_data"):
-        fit(_gp(), loader=DataLoader(TensorDataset(X, y)), num_steps=1, progress=False)
-    solve = ps.SOLVEGP(RBF(1), torch.randn(3, 1), torch.randn(3, 1), ps.Gaussian())
-    with pytest.raises(ValueError, match="SVGP's q\\(u\\) only"):
-        fit(solve, X, y, num_steps=1, natgrad_lr=0.1, progress=False)
+    gp = ps.SOLVEGP(RBF(1), torch.linspace(-3, 3, 6).unsqueeze(-1), torch.linspace(-2.7, 2.7, 6).unsqueeze(-1),
+                    ps.Gaussian(0.5))
+    fit(gp, X, y, num_steps=200, batch_size=64, lr=0.03, natgrad_lr=0.5, progress=False)
+    mean, _ = gp.predict(X)
+    assert (mean - torch.sin(2 * X[:, 0])).pow(2).mean().sqrt() < 0.1
+
+
+def test_the_sampler_visits_every_point_once_per_epoch_in_memory_independent_of_n():
+    from pyro_sparsegp.infer.fit import _round_keys, permute_positions
+
+    for n in [1, 2, 3, 7, 64, 1000, 4099]:
+        p = permute_positions(np.arange(n), n, _round_keys(5, 2))
+        assert torch.equal(p.sort().values, torch.arange(n)), n
+    s = EpochBatchSampler(103, 10, seed=1)
+    it = iter(s)
+    epochs = [torch.cat([next(it) for _ in range(s.steps_per_epoch)]) for _ in range(2)]
+    for e in epochs:
+        assert torch.equal(e.sort().values, torch.arange(103))
+    assert not torch.equal(epochs[0], epochs[1])  # a new order each epoch
+    assert torch.equal(epochs[1], s.permutation(1))
+    # a batch of a huge data set costs O(B): positions only, never the whole permutation
+    b = permute_positions(np.arange(5 * 10**11, 5 * 10**11 + 8), 10**12, _round_keys(0, 0))
+    assert b.shape == (8,) and bool(((b >= 0) & (b < 10**12)).all()) and len(set(b.tolist())) == 8
+
+
+def test_memmap_dataset_pickles_for_dataloader_workers(tmp_path):
+    import pickle
+
+    X, y = torch.randn(20, 2), torch.randn(20)
+    write_npy(tmp_path / "p.npy", X, y)
+    ds = pickle.loads(pickle.dumps(MemmapDataset(tmp_path / "p.npy")))
+    Xb, yb = ds[torch.tensor([3, 1])]
+    torch.testing.assert_close(Xb, X[[1, 3]].to(Xb.dtype))

@@ -31,7 +31,8 @@ __all__ = ["pg_mean", "log_cosh_half", "pg_bound", "optimal_c", "jaakkola_jordan
 
 def pg_mean(c: torch.Tensor, b: float = 1.0) -> torch.Tensor:
     r""":math:`\mathbb{E}[\omega] = \frac{b}{2c}\tanh(c/2)` for :math:`\omega \sim \mathrm{PG}(b, c)`
-    (``b/4`` at ``c=0``)."""
+    (``b/4`` at ``c=0``; Polson, Scott, Windle 2013), the :math:`\bar\omega_n` of the module docstring
+    (Wenzel et al. 2019). Element-wise: ``c [...]`` -> ``[...]``."""
     c = c.abs()
     small = c < 1e-4
     safe = torch.where(small, torch.ones_like(c), c)
@@ -39,13 +40,16 @@ def pg_mean(c: torch.Tensor, b: float = 1.0) -> torch.Tensor:
 
 
 def log_cosh_half(c: torch.Tensor) -> torch.Tensor:
-    r"""Stable :math:`\log\cosh(c/2)`."""
+    r"""Stable :math:`\log\cosh(c/2) = |c|/2 + \log(1 + e^{-|c|}) - \log 2`, the first term of
+    :math:`\mathrm{KL}[\mathrm{PG}(1,c)\|\mathrm{PG}(1,0)]` (module docstring; Wenzel et al. 2019). Element-wise:
+    ``c [...]`` -> ``[...]``."""
     a = (c / 2).abs()
     return a + torch.log1p(torch.exp(-2 * a)) - math.log(2)
 
 
 def optimal_c(f_loc: torch.Tensor, f_var: torch.Tensor) -> torch.Tensor:
-    r"""The optimal local parameters :math:`c_n = \sqrt{\mathbb{E}_q[f_n^2]}` (Wenzel et al. 2019, local update)."""
+    r"""The optimal local parameters :math:`c_n = \sqrt{\mathbb{E}_q[f_n^2]}` (Wenzel et al. 2019, local update).
+    ``f_loc``, ``f_var`` ``[..., N]`` (the marginals of q(f)) -> ``[..., N]``."""
     return (f_loc.pow(2) + f_var).sqrt()
 
 
@@ -57,9 +61,10 @@ def _pg_terms(y, f_loc, f_var, c):
 
 
 def pg_bound(y, Kuu, Kuf, kff_diag, m, L, c=None, whiten: bool = False) -> torch.Tensor:
-    r"""The augmented bound :math:`\mathcal{L}(c)` (module docstring) from dense matrices; ``c=None`` uses the optimal
-    :func:`optimal_c`. ``y [..., N]`` in ``{0, 1}``, ``(m, L)`` parameterise ``q(u)`` (``q(v)``, ``u = Luu v``, if
-    ``whiten``)."""
+    r"""The augmented bound :math:`\mathcal{L}(c)` of Wenzel et al. (2019) (module docstring) from dense matrices;
+    ``c=None`` uses the optimal :func:`optimal_c`. ``y [..., N]`` in ``{0, 1}``, ``Kuu [..., M, M]``,
+    ``Kuf [..., M, N]``, ``kff_diag [..., N]``, ``c [..., N]``; ``(m [..., M], L [..., M, M])`` parameterise ``q(u)``
+    (``q(v)``, ``u = Luu v``, if ``whiten``). Returns ``[...]``."""
     if whiten:
         Luu = torch.linalg.cholesky(Kuu)
         mu, var = qf_dense(Kuu, Kuf, kff_diag, (Luu @ m.unsqueeze(-1)).squeeze(-1), Luu @ L)
@@ -75,7 +80,8 @@ def pg_bound(y, Kuu, Kuf, kff_diag, m, L, c=None, whiten: bool = False) -> torch
 def jaakkola_jordan_bound(y, f_loc, f_var, xi) -> torch.Tensor:
     r"""Jaakkola and Jordan (2000): :math:`\log\sigma(x) \ge \log\sigma(\xi) + (x - \xi)/2 - \lambda(\xi)(x^2-\xi^2)`,
     :math:`\lambda(\xi) = \tanh(\xi/2)/(4\xi)`, in expectation under :math:`x = s f`, :math:`f \sim N(\mu, \sigma^2)`.
-    Written from the logistic function directly (no Pólya-Gamma quantities), per point."""
+    Written from the logistic function directly (no Pólya-Gamma quantities), per point: ``y``, ``f_loc``,
+    ``f_var``, ``xi`` broadcast to ``[..., N]`` -> ``[..., N]``."""
     s = 2 * y - 1
     lam = torch.tanh(xi / 2) / (4 * xi)
     return torch.nn.functional.logsigmoid(xi) + (s * f_loc - xi) / 2 - lam * (f_loc.pow(2) + f_var - xi.pow(2))

@@ -113,7 +113,9 @@ def unwhiten_params(Kuu, Kuv, Kvv, m_u, L_u, m_v, L_v, jitter=None):
 
 def whiten_params(Kuu, Kuv, Kvv, m_u, L_u, m_v, L_v, jitter=None):
     r"""Appendix F, the inverse of :func:`unwhiten_params`:
-    :math:`(m_u, L_u, m_v, L_v) \mapsto (L_{uu}^{-1}m_u,\ L_{uu}^{-1}L_u,\ L_{cc}^{-1}m_v,\ L_{cc}^{-1}L_v)`."""
+    :math:`(m_u, L_u, m_v, L_v) \mapsto (L_{uu}^{-1}m_u,\ L_{uu}^{-1}L_u,\ L_{cc}^{-1}m_v,\ L_{cc}^{-1}L_v)`.
+
+    ``m_u [..., M]``, ``L_u [..., M, M]``, ``m_v [..., M2]``, ``L_v [..., M2, M2]`` -> the same shapes."""
     Luu, _, Lcc = prior_factors(Kuu, Kuv, Kvv, jitter)
     return (
         solve_lower(Luu, m_u.unsqueeze(-1)).squeeze(-1),
@@ -436,7 +438,8 @@ def count_cubic_operations(M: int, M2: int, method: str) -> dict:
     ``method="svgp"`` (``M`` inducing points; ``M2`` is ignored) totals 1 matmul, 1 Cholesky and 3 trisolves;
     ``"solvegp"`` totals 4, 2 and 7 (appendix D.3: "we only need to solve 7 triangular matrix equations"). SOLVE-GP
     with ``M2 = 0`` has the SVGP table (the terms in ``M2`` vanish). Counted per forward evaluation; the algorithm-1
-    steps they come from are marked in this module's comments.
+    steps they come from are marked in this module's comments. Sizes are plain integers (no tensor shapes); the
+    ``N``-dependent costs are per minibatch of ``N`` points.
     """
     if method not in _TABLE4:
         raise ValueError(f"method must be 'svgp' or 'solvegp', got {method!r}")
@@ -449,7 +452,8 @@ def count_cubic_operations(M: int, M2: int, method: str) -> dict:
 
 
 def cubic_cost(M: int, M2: int, method: str, N: int) -> dict:
-    """Table 4 evaluated at sizes: ``{op: sum of count * cost}`` (multiply-adds up to each operation's constant).
+    """Table 4 of appendix D.3 (Shi, Titsias, Mnih 2020) evaluated at integer sizes ``M``, ``M2`` and ``N`` (no tensor
+    shapes): ``{op: sum of count * cost}`` (multiply-adds up to each operation's constant).
 
     Divided by ``M**3`` it gives the bars of figure 4, e.g. at ``N = M = M2`` SVGP costs 1/1/3 (matmul/Cholesky/
     trisolve) and SOLVE-GP 4/2/7, and at ``N = 0`` (``M >> N``) SOLVE-GP costs 1/2/3."""

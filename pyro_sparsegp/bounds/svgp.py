@@ -48,7 +48,9 @@ def _log_normal(y, loc, var):
 
 
 def exact_log_marginal(y: torch.Tensor, noise_var, Kff: torch.Tensor) -> torch.Tensor:
-    r""":math:`\log N(y; 0, K_{ff} + \sigma^2 I)` computed densely (``O(N^3)``)."""
+    r""":math:`\log N(y; 0, K_{ff} + \sigma^2 I)` computed densely (``O(N^3)``): the exact GP log marginal
+    likelihood, which the bounds reach when ``Z = X`` (the limit of Hensman 2013, section 2, and of Titsias 2009).
+    ``y [..., N]``, ``Kff [..., N, N]``, ``noise_var`` a scalar or ``[...]`` -> ``[...]``."""
     N = y.shape[-1]
     C = Kff + noise_var * torch.eye(N, dtype=Kff.dtype, device=Kff.device)
     Lc = torch.linalg.cholesky(C)
@@ -62,7 +64,8 @@ def titsias_bound(y, noise_var, Kuu, Kuf, kff_diag) -> torch.Tensor:
     .. math:: \log N(y; 0, Q_{ff} + \sigma^2 I) - \frac{1}{2\sigma^2}\mathrm{tr}(K_{ff} - Q_{ff}),
               \quad Q_{ff} = K_{fu} K_{uu}^{-1} K_{uf}
 
-    evaluated with the matrix determinant lemma at cost ``O(N M^2)``.
+    evaluated with the matrix determinant lemma at cost ``O(N M^2)``. ``y [..., N]``, ``Kuu [..., M, M]``,
+    ``Kuf [..., M, N]``, ``kff_diag [..., N]``, ``noise_var`` a scalar or ``[...]`` -> ``[...]``.
     """
     N = y.shape[-1]
     M = Kuu.shape[-1]
@@ -80,7 +83,8 @@ def titsias_bound(y, noise_var, Kuu, Kuf, kff_diag) -> torch.Tensor:
 
 def qf_dense(Kuu, Kuf, kff_diag, m, L) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Marginals of q(f) (Hensman 2015 eq. 8) by explicit inverses: :math:`a_n = K_{uu}^{-1}k_{un}`,
-    :math:`\mu_n = a_n^T m`, :math:`\sigma^2_n = k_{nn} - a_n^T (K_{uu} - S) a_n`."""
+    :math:`\mu_n = a_n^T m`, :math:`\sigma^2_n = k_{nn} - a_n^T (K_{uu} - S) a_n`. ``Kuu [..., M, M]``,
+    ``Kuf [..., M, N]``, ``kff_diag [..., N]``, ``m [..., M]``, ``L [..., M, M]`` -> ``(mu, var)`` each ``[..., N]``."""
     A = torch.linalg.solve(Kuu, Kuf)  # [M, N]
     S = L @ L.mT
     mu = (A * m.unsqueeze(-1)).sum(-2)
@@ -95,6 +99,8 @@ def l3_bound(y, noise_var, Kuu, Kuf, kff_diag, m, L) -> torch.Tensor:
               - \tfrac{\beta}{2}\mathrm{tr}(S\Lambda_n)\Big] - \mathrm{KL}[q(u)\|p(u)]
 
     with :math:`\Lambda_n = K_{uu}^{-1}k_n k_n^T K_{uu}^{-1}` and :math:`\tilde k_{nn} = k_{nn} - k_n^T K_{uu}^{-1}k_n`.
+    ``y [..., N]``, ``Kuu [..., M, M]``, ``Kuf [..., M, N]``, ``kff_diag [..., N]``, ``m [..., M]``,
+    ``L [..., M, M]`` (``q(u) = N(m, LL^T)``) -> ``[...]``.
     """
     s = noise_var if torch.is_tensor(noise_var) else torch.tensor(noise_var, dtype=Kuu.dtype)
     A = torch.linalg.solve(Kuu, Kuf)  # [M, N], columns K^{-1} k_n
@@ -112,6 +118,7 @@ def kl_sparse_bound(y, expected_log_prob, Kuu, Kuf, kff_diag, m, L, whiten: bool
     .. math:: \sum_n \mathbb{E}_{q(f_n)}[\log p(y_n|f_n)] - \mathrm{KL}[q(u)\|p(u)]
 
     with :math:`q(f_n)` of eq. 8. ``expected_log_prob(y, f_loc, f_var) -> [..., N]`` (analytic or Gauss-Hermite).
+    Shapes as in :func:`l3_bound`; returns ``[...]``.
     With ``whiten=True``, ``(m, L)`` parameterise q(v) for ``u = Luu v`` and the prior is ``N(0, I)``.
     """
     if whiten:
@@ -132,7 +139,8 @@ def optimal_qu(y, noise_var, Kuu, Kuf) -> tuple[torch.Tensor, torch.Tensor]:
     .. math:: \Lambda = \beta K_{uu}^{-1}K_{uf}K_{fu}K_{uu}^{-1} + K_{uu}^{-1},\quad S = \Lambda^{-1},
               \quad m = \beta \Lambda^{-1} K_{uu}^{-1} K_{uf} y
 
-    computed densely. Returns ``(m, chol(S))``.
+    computed densely. ``y [..., N]``, ``Kuu [..., M, M]``, ``Kuf [..., M, N]``; returns ``(m [..., M],
+    chol(S) [..., M, M])``.
     """
     s = noise_var if torch.is_tensor(noise_var) else torch.tensor(noise_var, dtype=Kuu.dtype)
     Kinv = torch.linalg.inv(Kuu)

@@ -21,7 +21,13 @@ __all__ = ["PolyaGammaAugmentedBernoulli"]
 
 
 class PolyaGammaAugmentedBernoulli(TorchDistribution):
-    """:param f: latent values ``[...]``. :param omega: Pólya-Gamma variables, broadcastable with ``f``."""
+    """The augmented logistic factor :math:`p(y | f, \\omega)` of Polson, Scott, Windle (2013), as used by Wenzel et
+    al. (2019) (module docstring): the ``y`` site of :class:`~pyro_sparsegp.likelihoods.PolyaGammaLogit`.
+
+    :param f: latent values ``[...]``.
+    :param omega: Pólya-Gamma variables, broadcastable with ``f``.
+
+    Batch shape ``broadcast(f.shape, omega.shape)``, event shape ``()``; labels ``y`` in ``{0, 1}``."""
 
     arg_constraints = {"f": constraints.real, "omega": constraints.positive}
     support = constraints.boolean

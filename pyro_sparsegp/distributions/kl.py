@@ -28,9 +28,10 @@ def _kl_mvn_diag_normal(q, p):
 
 
 class ConditionalNormal(PyroNormal):
-    """The Normal of ``p(f | u)``. The guide and the model use the very same object for the ``f`` site (the
-    conditional cancels in the ELBO), so its KL to itself is the constant zero: registering that saves
-    ``TraceMeanField_ELBO`` the elementwise work and its backward over the minibatch."""
+    """The Normal of ``p(f | u)`` (Hensman, Fusi, Lawrence 2013, eq. 2: mean ``Kfu Kuu^{-1} u``, variance
+    ``diag(Kff - Qff)``), batch shape ``[..., B]`` or ``[..., L, B]`` like ``f``. The guide and the model use the very
+    same object for the ``f`` site (the conditional cancels in the ELBO), so its KL to itself is the constant zero:
+    registering that saves ``TraceMeanField_ELBO`` the elementwise work and its backward over the minibatch."""
 
 
 @register_kl(ConditionalNormal, ConditionalNormal)

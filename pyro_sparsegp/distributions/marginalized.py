@@ -15,10 +15,16 @@ __all__ = ["MarginalizedLikelihood"]
 
 
 class MarginalizedLikelihood(TorchDistribution):
-    """:param likelihood: a :class:`pyro_sparsegp.likelihoods.Likelihood`.
+    """The observation ``y`` with ``f ~ N(f_loc, f_var)`` integrated out of its log-likelihood:
+    ``log_prob(y) = E_{N(f; f_loc, f_var)}[log p(y | f)]``, the data term of Hensman, Matthews, Ghahramani (2015)
+    eq. 21 (the ``y`` site of ``SVGP(..., integrate_f=True)``).
+
+    :param likelihood: a :class:`pyro_sparsegp.likelihoods.Likelihood`.
     :param f_loc: ``[..., B]`` (``[..., K, B]`` for likelihoods of ``K`` latent functions).
     :param f_var: same shape as ``f_loc``.
-    Batch shape: the shape of ``y`` given ``f`` (``likelihood.y_shape(f_loc.shape)``); event shape ``()``."""
+
+    Batch shape: the shape of ``y`` given ``f`` (``likelihood.y_shape(f_loc.shape)``: ``[..., B]``, or
+    ``[..., 1, B]`` for ``K`` latent functions); event shape ``()``."""
 
     arg_constraints = {"f_loc": constraints.real, "f_var": constraints.positive}
     has_rsample = False

@@ -1,9 +1,26 @@
-"""Inference: natural-gradient steps and the ``fit`` training loop."""
+"""Inference: natural-gradient steps, the ``fit`` training loop, EP/SEP (``fit_ep``) and MFSp (``fit_mfsp``)."""
 
+from .ep import EPState, ep_log_evidence, ep_surrogate, fit_ep
 from .fit import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
-from .natgrad import gaussian_natgrad_step, natgrad_step, natgrad_step_for, polya_gamma_natgrad_step
+from .mfsp import MFSpState, fit_mfsp, mfsp_bound
+from .natgrad import (
+    gaussian_natgrad_step,
+    natgrad_families,
+    natgrad_from_grads_,
+    natgrad_step,
+    natgrad_step_for,
+    polya_gamma_natgrad_step,
+    solvegp_natgrad_step,
+)
 
 __all__ = [
+    "fit_ep",
+    "EPState",
+    "ep_log_evidence",
+    "ep_surrogate",
+    "fit_mfsp",
+    "mfsp_bound",
+    "MFSpState",
     "fit",
     "FitState",
     "NonFiniteLossError",
@@ -14,4 +31,7 @@ __all__ = [
     "gaussian_natgrad_step",
     "polya_gamma_natgrad_step",
     "natgrad_step_for",
+    "natgrad_from_grads_",
+    "natgrad_families",
+    "solvegp_natgrad_step",
 ]

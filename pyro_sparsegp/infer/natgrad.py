@@ -13,18 +13,64 @@ For a Gaussian likelihood :math:`g` is closed form (Hensman 2013 eqs. 5-6 with t
 the optimal q(u). For other likelihoods :func:`natgrad_step` obtains :math:`g` by automatic differentiation of the
 quadrature expected log-likelihood with respect to :math:`(m, S)`, using
 :math:`\nabla_{\eta_1} = \nabla_m - 2(\nabla_S) m`, :math:`\nabla_{\eta_2} = \nabla_S`.
+
+**Step length and damping.** ``lr`` must be a number in ``(0, 1]`` (``1``: the full step). For the Gaussian and
+Pólya-Gamma steps :math:`g_2` is negative semi-definite, so the new precision
+:math:`(1-\rho)S^{-1} + \rho(K^{-1} - 2g_2)` is positive definite for every such ``lr``. For a likelihood that is
+not log-concave (robust-max), or with a large step on a non-conjugate one, :math:`-2 g_2` can be indefinite and the
+step can leave the positive-definite cone. :func:`natgrad_step` therefore **damps**: it halves the step (separately
+for each output) until the new precision has a Cholesky factor, at most 30 times (then that output is left
+unchanged), and reports a damped step once per process with :class:`NatGradDampingWarning`.
 """
 
 from __future__ import annotations
 
+import numbers
+
 import torch
+from pyro.distributions.transforms import LowerCholeskyTransform, transform_to
 
 from ..bounds.polya_gamma import optimal_c, pg_mean
 from ..likelihoods import Gaussian, PolyaGammaLogit
-from ..linalg import solve_lower
+from ..linalg import _warn_once, solve_lower
 from ..variational import from_natural, to_natural
 
-__all__ = ["natgrad_step", "gaussian_natgrad_step", "polya_gamma_natgrad_step", "natgrad_step_for"]
+__all__ = [
+    "natgrad_step",
+    "gaussian_natgrad_step",
+    "polya_gamma_natgrad_step",
+    "natgrad_step_for",
+    "natgrad_from_grads_",
+    "natgrad_families",
+    "solvegp_natgrad_step",
+    "check_natgrad_lr",
+    "NatGradDampingWarning",
+]
+
+_MAX_HALVINGS = 30
+
+
+class NatGradDampingWarning(UserWarning):
+    """A natural-gradient step was shortened so that the new precision of q(u) stays positive definite."""
+
+
+def check_natgrad_lr(lr) -> float:
+    """``lr`` as a float in ``(0, 1]``, else ``ValueError`` naming the range."""
+    if isinstance(lr, torch.Tensor) and lr.numel() == 1:
+        lr = lr.item()
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (0.0 < float(lr) <= 1.0):
+        raise ValueError(
+            f"natural-gradient step length must be a number in (0, 1] (1 is the full step, exact for a Gaussian "
+            f"likelihood on the full batch; 0.05-0.5 suits non-conjugate likelihoods), got {lr!r}; to train q(u) "
+            "with Adam instead, leave natgrad_lr=None"
+        )
+    return float(lr)
+
+
+def _check_step_data(svgp, X, y):
+    svgp._check_data(X, y)
+    if svgp.likelihood is None:
+        raise ValueError("natural-gradient steps need a module with a likelihood")
 
 
 def _prior_natural(svgp, Luu):
@@ -43,6 +89,8 @@ def _A(svgp, Luu, W):
 
 
 def _targets(svgp, y):
+    if svgp.likelihood.latent_dim == 1 and y.dtype != svgp.Z.dtype:
+        y = y.to(svgp.Z.dtype)  # integer or boolean labels
     if svgp.num_outputs is not None and svgp.likelihood.latent_dim == 1:
         return y.mT  # [L, B]
     return y
@@ -55,8 +103,10 @@ def _apply(svgp, g1, g2, Luu, lr):
     p2 = _prior_natural(svgp, Luu)
     if svgp.num_outputs is not None and p2.dim() == 2:
         p2 = p2.expand(svgp.num_outputs, *p2.shape)
-    new1 = (1 - lr) * theta1 + lr * g1
-    new2 = (1 - lr) * theta2 + lr * (p2 + g2)
+    rho = _damped_length(theta2, p2 + g2, lr)  # [...]: lr, halved where the step leaves the PD cone
+    r1, r2 = rho.unsqueeze(-1), rho[..., None, None]
+    new1 = (1 - r1) * theta1 + r1 * g1
+    new2 = (1 - r2) * theta2 + r2 * (p2 + g2)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         # data-parallel: the step is linear in each rank's data term, so averaging the new natural parameters
         # over ranks is the step with the averaged (larger-batch) data term
@@ -68,7 +118,36 @@ def _apply(svgp, g1, g2, Luu, lr):
     q.set(m, L)
 
 
+def _damped_length(theta2, target2, lr):
+    """Per-output step lengths ``[...]``: ``lr``, halved until ``-2((1-r) theta2 + r target2)`` has a Cholesky
+    factor (``0`` after ``_MAX_HALVINGS``: that output keeps its q(u)); see the module docstring."""
+    rho = torch.full(theta2.shape[:-2], float(lr), dtype=theta2.dtype, device=theta2.device)
+    for _ in range(_MAX_HALVINGS):
+        r = rho[..., None, None]
+        prec = -2.0 * ((1 - r) * theta2 + r * target2)
+        _, info = torch.linalg.cholesky_ex(0.5 * (prec + prec.mT))
+        bad = (info > 0) | ~torch.isfinite(prec).all(-1).all(-1)
+        if not bool(bad.any()):
+            break
+        rho = torch.where(bad, 0.5 * rho, rho)
+    else:
+        rho = torch.where(bad, torch.zeros_like(rho), rho)
+    if bool((rho < lr).any()):
+        _warn_once(
+            ("natgrad-damped",),
+            f"natural-gradient step of length {lr:g} would have made the precision of q(u) indefinite (a "
+            f"non-log-concave likelihood or too long a step); it was shortened to {float(rho.min()):.3g}. Reported "
+            "once; use a smaller natgrad_lr if this recurs.",
+            NatGradDampingWarning,
+            stacklevel=4,
+        )
+    return rho
+
+
 def _squeeze_outputs(svgp, Luu, W, kdiag):
+    if getattr(svgp, "mean_function", None) is not None:
+        raise ValueError("these natural-gradient steps assume a zero mean function; train a layer with a mean "
+                         "function with Adam (or with natural gradients from the backward pass)")
     if svgp.num_outputs is not None:
         if Luu.dim() == 2:
             Luu = Luu.expand(svgp.num_outputs, *Luu.shape)
@@ -82,6 +161,8 @@ def gaussian_natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 1.
     on the minibatch ``(X, y)`` of a data set of ``num_data`` points (default: ``len(X)``, the full batch)."""
     if not isinstance(svgp.likelihood, Gaussian):
         raise TypeError("gaussian_natgrad_step needs a Gaussian likelihood; use natgrad_step")
+    lr = check_natgrad_lr(lr)
+    _check_step_data(svgp, X, y)
     with torch.no_grad():
         Luu, W, kdiag = _squeeze_outputs(svgp, *svgp._stats(X, consume=True))
         scale = (num_data or X.shape[-2]) / X.shape[-2]
@@ -95,7 +176,9 @@ def gaussian_natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 1.
 
 def natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 0.1, num_data: int | None = None):
     """Natural-gradient step for q(u) of an :class:`~pyro_sparsegp.SVGP` with any likelihood (expected
-    log-likelihood by the likelihood's quadrature or closed form). See the module docstring."""
+    log-likelihood by the likelihood's quadrature or closed form). See the module docstring (damping)."""
+    lr = check_natgrad_lr(lr)
+    _check_step_data(svgp, X, y)
     with torch.no_grad():
         Luu, W, kdiag = _squeeze_outputs(svgp, *svgp._stats(X, consume=True))
         A = _A(svgp, Luu, W)
@@ -131,6 +214,8 @@ def polya_gamma_natgrad_step(svgp, X, y, lr: float = 1.0, num_data: int | None =
     :math:`\theta_n = \tanh(c_n/2)/(4c_n)`; differentiating the bound gives the PG mean above, and the test
     against the dense optimum confirms it.) ``c`` fixes the local parameters instead of updating them first.
     """
+    lr = check_natgrad_lr(lr)
+    _check_step_data(svgp, X, y)
     with torch.no_grad():
         Luu, W, kdiag = _squeeze_outputs(svgp, *svgp._stats(X, consume=True))
         A = _A(svgp, Luu, W)  # [(L,) M, B]
@@ -155,3 +240,153 @@ def natgrad_step_for(likelihood):
     if isinstance(likelihood, PolyaGammaLogit):
         return polya_gamma_natgrad_step
     return natgrad_step
+
+
+
+# -- natural gradients from the ELBO's own gradient (what fit uses: no second forward pass) ----------------------
+def _constrained_grad(q, name):
+    """``(value, grad, raw)``: the constrained value of the PyroParam ``name`` of ``q``, the gradient of the loss with
+    respect to it (from that of the unconstrained parameter ``raw``: the lower-Cholesky transform
+    ``x.tril(-1) + diag(exp(diag x))`` has derivative 1 below the diagonal and ``L_ii`` on it) and ``raw`` itself."""
+    raw = getattr(q, f"{name}_unconstrained")
+    transform = transform_to(q._pyro_params[name][0])
+    x = raw.detach()
+    if raw.grad is None:
+        return transform(x), None, raw
+    if isinstance(transform, LowerCholeskyTransform):  # x.tril(-1) + diag(exp(diag x)): derivative 1 and L_ii
+        value = transform(x)
+        grad = raw.grad.tril(-1)
+        grad.diagonal(dim1=-2, dim2=-1).copy_(raw.grad.diagonal(dim1=-2, dim2=-1) / value.diagonal(dim1=-2, dim2=-1))
+        return value, grad, raw
+    if transform is torch.distributions.transforms.identity_transform:
+        return x, raw.grad, raw
+    raise TypeError(f"natural-gradient steps need {name} constrained to real or lower_cholesky, got {transform}")
+
+
+def _set_constrained(q, name, raw, value):
+    """Write the constrained ``value`` into the unconstrained parameter ``raw`` in place."""
+    transform = transform_to(q._pyro_params[name][0])
+    if isinstance(transform, LowerCholeskyTransform):  # value is lower triangular with a positive diagonal
+        raw.copy_(value)
+        raw.diagonal(dim1=-2, dim2=-1).log_()
+    else:
+        raw.copy_(transform.inv(value))
+
+
+@torch.no_grad()
+def natgrad_from_grads_(q, lr: float) -> None:
+    r"""A natural-gradient step of length ``lr`` on a full-covariance :class:`~pyro_sparsegp.variational.GaussianQ`
+    ``q = N(m, L L^T)`` (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``), from the gradient of the loss
+    :math:`\ell = -\mathcal{L}` (the negative ELBO) that a backward pass left in its parameters' ``.grad``.
+
+    The natural gradient is the gradient with respect to the expectation parameters (Hensman, Fusi, Lawrence 2013,
+    section 3.2; module docstring): :math:`\theta \leftarrow \theta + \rho\,\nabla_\eta\mathcal{L}`, i.e. with
+    :math:`\Lambda = S^{-1}`, :math:`X = \nabla_S\mathcal{L}` (symmetric) and :math:`g = \nabla_m\mathcal{L}`,
+
+    .. math:: \Lambda' = \Lambda - 2\rho X, \qquad m' = m + \rho\,\Lambda'^{-1} g.
+
+    Neither :math:`S`, :math:`\Lambda` nor :math:`X` is formed. With :math:`G = \nabla_L\ell` (lower triangular) the
+    Cholesky backward identity (Murray 2016) gives :math:`2L^T X L = -\Psi`, :math:`\Psi = \Phi(L^TG) + \Phi(L^TG)^T`
+    (:math:`\Phi`: lower triangle with halved diagonal), so :math:`\Lambda' = L^{-T} K L^{-1}` with
+    :math:`K = I + \rho\Psi`, and
+
+    .. math:: L' = L\,E,\quad E = J D^{-T} J,\quad D = \mathrm{chol}(JKJ), \qquad
+              m' = m - \rho\, L E E^T L^T \nabla_m\ell
+
+    (:math:`J` the exchange matrix; :math:`E` is lower triangular with :math:`EE^T = K^{-1}`, and
+    :math:`L'^T = J D^{-1} J L^T` is one triangular solve). Cost: one product, one Cholesky and one triangular solve
+    of ``M``-square matrices, independent of the batch: the data enter through the gradient only. The prior enters
+    through the gradient of the KL term, so the step is the same for whitened and plain parameterisations and for
+    any prior covariance (``Kuu``, SOLVE-GP's ``Cvv``).
+
+    With the closed-form bound on the full data and a Gaussian likelihood, a step of length 1 lands on the optimal
+    ``q`` given the other factors (Hensman 2013 eq. 5-6 for q(u); for SOLVE-GP's q(v⊥) the optimum of eq. 8 given
+    q(u), whose fixed point with q(u) is eqs. 28-29 of Shi, Titsias, Mnih 2020). For ``0 < lr <= 1`` and a
+    log-concave likelihood ``K`` is positive definite; otherwise the step is damped (halved per output until it is,
+    with a :class:`NatGradDampingWarning` once) on the CPU; on a GPU (no host synchronisation) a failed factorisation
+    makes the update NaN, and ``fit``'s guard restores the last good state and names the step.
+
+    :param q: a ``GaussianQ`` with ``learn_scale=True`` whose ``u_loc``/``u_scale_tril`` gradients are populated.
+    :param float lr: step length :math:`\rho`.
+    """
+    if not getattr(q, "learn_scale", False):
+        raise ValueError("natgrad_from_grads_ needs a full-covariance GaussianQ (learn_scale=True)")
+    m, g_m, raw_m = _constrained_grad(q, "u_loc")
+    L, G, raw_L = _constrained_grad(q, "u_scale_tril")
+    if g_m is None or G is None:
+        raise ValueError("natgrad_from_grads_: the variational parameters have no gradient; call backward() first")
+    Phi = (L.mT @ G).tril_()  # G is lower triangular (the gradient of a lower-triangular parameter)
+    Phi.diagonal(dim1=-2, dim2=-1).mul_(0.5)
+    Psi = Phi + Phi.mT
+    rho = torch.full(Psi.shape[:-2], float(lr), dtype=Psi.dtype, device=Psi.device)  # one length per output
+
+    def factor(rho):
+        K = Psi * rho[..., None, None]
+        K.diagonal(dim1=-2, dim2=-1).add_(1.0)
+        return torch.linalg.cholesky_ex(K.flip(-1, -2))  # chol(J K J)
+
+    D, info = factor(rho)
+    if D.device.type == "cpu":
+        # damping (the module docstring): halve the step of each output whose new precision would not be positive
+        # definite (a non-log-concave likelihood, or too long a step); after _MAX_HALVINGS that output stays put
+        halvings = 0
+        while bool((info > 0).any()):
+            bad = info > 0
+            rho = torch.where(bad, 0.5 * rho, rho) if halvings < _MAX_HALVINGS else torch.where(bad, 0.0, rho)
+            D, info = factor(rho)
+            halvings += 1
+        if halvings:
+            _warn_once(
+                ("natgrad-damped",),
+                f"natural-gradient step of length {lr:g} would have made the precision of q indefinite (a "
+                f"non-log-concave likelihood or too long a step); it was shortened to {float(rho.min()):.3g}. "
+                "Reported once; use a smaller natgrad_lr if this recurs.",
+                NatGradDampingWarning,
+                stacklevel=3,
+            )
+    else:  # no host synchronisation: a failed factorisation makes the update NaN, which fit's guard catches
+        D = D + torch.where(info > 0, float("nan"), 0.0).to(D.dtype)[..., None, None]
+    # L' = L J D^{-T} J, i.e. L'^T = J D^{-1} (J L^T): one triangular solve, no inverse, no product
+    L_new = torch.linalg.solve_triangular(D, L.mT.flip(-2), upper=False).flip(-2).mT
+    t = L_new.mT @ g_m.unsqueeze(-1)  # L'^T g
+    m_new = m - rho.unsqueeze(-1) * (L_new @ t).squeeze(-1)
+    _set_constrained(q, "u_loc", raw_m, m_new)
+    _set_constrained(q, "u_scale_tril", raw_L, L_new)  # lower triangular: the solve keeps L^T's zeros exactly
+
+
+def natgrad_families(module) -> list:
+    """The variational families that natural-gradient steps train: every full-covariance
+    :class:`~pyro_sparsegp.variational.GaussianQ` in ``module`` (q(u) of an SVGP; q(u) and q(v⊥) of a SOLVE-GP;
+    ODVGP's mean-only q(v⊥) is not one and stays with the ordinary optimiser). A module may choose its own with a
+    ``natgrad_families()`` method (:class:`~pyro_sparsegp.DeepGP`: the last layer's q(u) only)."""
+    from ..variational import GaussianQ
+
+    if hasattr(module, "natgrad_families"):
+        return list(module.natgrad_families())
+    return [m for m in module.modules() if isinstance(m, GaussianQ) and m.learn_scale]
+
+
+def solvegp_natgrad_step(gp, X, y, lr: float = 1.0, num_data: int | None = None, sites=("u", "v")) -> None:
+    r"""Natural-gradient step of length ``lr`` for SOLVE-GP's q(u) and/or q(v⊥) (``sites``) on the minibatch
+    ``(X [B, D], y [B])`` of a data set of ``num_data`` points (default ``B``): the gradient of the closed-form bound
+    (eq. 8 of Shi, Titsias, Mnih 2020 via ``analytic_elbo``) then :func:`natgrad_from_grads_` on each family.
+    Works for an :class:`~pyro_sparsegp.SVGP` too (``sites=("u",)``). The steps of the two families are simultaneous
+    (each from the gradient at the current pair): with a Gaussian likelihood and the full batch, a step of length 1
+    on q(v⊥) lands on the optimum of eq. 8 given q(u), and alternating steps converge to the maximiser of eq. 8,
+    whose q(v⊥) is eqs. 28-29."""
+    qs = {"u": gp.q_u, "v": getattr(gp, "q_v", None)}
+    fams = [qs[s] for s in sites]
+    if any(q is None or not q.learn_scale for q in fams):
+        raise ValueError(f"solvegp_natgrad_step: sites {sites} need full-covariance families (not ODVGP's q(v⊥))")
+    params = [p for q in fams for p in q.parameters()]
+    for p in params:
+        p.grad = None
+    with torch.enable_grad():
+        loss = -gp.analytic_elbo(X, y, num_data=num_data)
+        grads = torch.autograd.grad(loss, params)
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    for q in fams:
+        natgrad_from_grads_(q, lr)
+    for p in params:
+        p.grad = None

@@ -1,0 +1,202 @@
+"""Time to GPyTorch's final test log-likelihood (issue 13, points 2 and 3): SVGP regression on real data sets, ours
+(``fit`` with its defaults, and with natural gradients) beside GPyTorch's SVGP in the same run.
+
+    PYTHONPATH=. python benchmarks/time_to_accuracy.py [--quick] [--json PATH] [--threads T] [--device cuda]
+        [--datasets protein,keggundirected,tamielectric] [--sizes 256,1024] [--dtypes float64,float32] [--epochs E]
+
+Setting (the same for every contender): the data set's split 0 (``_common.load_regression``), inputs and targets
+standardised with the training statistics, M inducing inputs drawn from the training inputs (the same for all), an RBF
+kernel with one lengthscale per input (initial lengthscales 1, variance 1), Gaussian noise (initial variance 0.1),
+whitened q(u) starting at the prior, Adam with learning rate 0.01, minibatches of 1024, ``--epochs`` passes.
+
+* ``gpytorch``: ``ApproximateGP`` + ``CholeskyVariationalDistribution`` + ``VariationalStrategy`` +
+  ``ScaleKernel(RBFKernel(ard))`` + ``GaussianLikelihood`` + ``VariationalELBO`` (``_common.gpytorch_svgp``), a plain
+  training loop over shuffled index batches.
+* ``ours``: ``pyro_sparsegp.infer.fit(gp, X, y, batch_size=1024, lr=0.01)`` with its defaults (the closed-form bound).
+* ``ours_nat``: the same with ``natgrad_lr=0.1`` (natural-gradient steps on q(u), Adam on the rest).
+* ``ours_mc`` (``--extra mc``): ``fit(..., elbo=TraceMeanField_ELBO())``, the one-sample estimator that was the
+  default before the closed-form bound.
+
+The clock runs during training only: the test set is evaluated every ``--every`` steps (and at the end) and that time
+is subtracted. ``test_ll``: mean log predictive density of the test targets in the original units; ``rmse``: in the
+original units; ``seconds``: training time of the whole run; ``reach_s``: the training time at the first evaluation
+whose test LL is at least GPyTorch's final test LL (``null`` if never); ``ratio``: ``reach_s / GPyTorch's reach_s``
+(target <= 0.5; reported, not asserted).
+
+``--quick``: protein only, M = 256, float64 and float32, 8 epochs, evaluations every 10 steps (and at each epoch's
+end).
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import gpytorch
+import pyro
+import torch
+from _common import gpytorch_svgp, load_regression, machine_note, parser, setup, table, write_json
+from pyro.contrib.gp.kernels import RBF
+from pyro.infer import TraceMeanField_ELBO
+
+import pyro_sparsegp as ps
+from pyro_sparsegp.infer import fit
+
+B, LR, NOISE = 1024, 0.01, 0.1
+DEVICE = torch.device("cpu")
+
+
+def metrics(mean, var, yt, y_std):
+    """Test LL per point and RMSE in the original units, from predictive means/variances in standardised units."""
+    ll = torch.distributions.Normal(mean, var.sqrt()).log_prob(yt) - math.log(y_std)
+    return ll.mean().item(), ((mean - yt) * y_std).pow(2).mean().sqrt().item()
+
+
+class Trace:
+    """Training-time clock with evaluations every ``every`` steps (their time excluded)."""
+
+    def __init__(self, evaluate, every, per_epoch):
+        self.evaluate, self.every, self.per_epoch = evaluate, every, per_epoch
+        self.points, self.excluded, self.start, self.step = [], 0.0, time.perf_counter(), 0
+
+    def tick(self, final=False, epoch_ends=True):
+        self.step += 1
+        if self.step % self.every == 0 or (epoch_ends and self.step % self.per_epoch == 0) or final:
+            if DEVICE.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            clock = t - self.start - self.excluded
+            self.points.append((self.step, clock, *self.evaluate()))
+            self.excluded += time.perf_counter() - t
+
+    @property
+    def seconds(self):
+        return self.points[-1][1]
+
+
+def run_gpytorch(X, y, Xt, yt, Z, steps, every, y_std):
+    model = gpytorch_svgp(Z.clone())
+    model.covar_module.base_kernel.lengthscale = torch.ones(1, X.shape[1])
+    model.covar_module.outputscale = 1.0
+    lik = gpytorch.likelihoods.GaussianLikelihood()
+    lik.noise = NOISE
+    mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=len(X))
+    opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=LR)
+
+    @torch.no_grad()
+    def evaluate():
+        model.eval()
+        lik.eval()
+        with gpytorch.settings.fast_pred_var(False):
+            f = model(Xt)
+            out = metrics(f.mean, f.variance + lik.noise, yt, y_std)
+        model.train()
+        lik.train()
+        return out
+
+    model.train()
+    lik.train()
+    g = torch.Generator().manual_seed(0)
+    perm, pos = torch.randperm(len(X), generator=g, device="cpu").to(DEVICE), 0
+    trace = Trace(evaluate, every, math.ceil(len(X) / B))
+    for s in range(steps):
+        if pos >= len(X):
+            perm, pos = torch.randperm(len(X), generator=g, device="cpu").to(DEVICE), 0
+        idx = perm[pos : pos + B]
+        pos += B
+        opt.zero_grad()
+        loss = -mll(model(X[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        trace.tick(final=s == steps - 1)
+    return trace
+
+
+def run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr=None, elbo=None):
+    gp = ps.SVGP(RBF(X.shape[1], lengthscale=torch.ones(X.shape[1])), Z.clone(), ps.Gaussian(noise=NOISE))
+
+    def evaluate():
+        mean, var = gp.predict(Xt)
+        return metrics(mean, var + gp.likelihood.noise.detach(), yt, y_std)
+
+    trace = Trace(evaluate, every, math.ceil(len(X) / B))
+    # on a GPU fit reads the loss back every `every` steps (its windows then end where the evaluations fall)
+    sync = every if DEVICE.type == "cuda" else 1
+    fit(gp, X, y, num_steps=steps, batch_size=B, lr=LR, natgrad_lr=natgrad_lr, elbo=elbo, progress=False,
+        sync_every=sync,
+        callback=lambda step, loss: trace.tick(final=step == steps, epoch_ends=sync == 1))
+    return trace
+
+
+def reach(trace, target):
+    for _, clock, ll, _ in trace.points:
+        if ll >= target:
+            return clock
+    return None
+
+
+def main():
+    p = parser(__doc__)
+    p.add_argument("--datasets", default=None)
+    p.add_argument("--sizes", default=None, help="comma-separated M values")
+    p.add_argument("--dtypes", default="float64,float32")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--every", type=int, default=None, help="steps between test evaluations")
+    p.add_argument("--extra", default="", help="'mc': also ours_mc, fit with the one-sample TraceMeanField_ELBO "
+                   "(the former default), to compare the estimators epoch for epoch")
+    p.add_argument("--device", default="cpu", help="e.g. cuda: everything (data, both libraries) on that device")
+    args = p.parse_args()
+    setup(args)
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type != "cpu":  # (on the CPU the default-device mode would only add overhead to both sides)
+        torch.set_default_device(DEVICE)
+    print(f"# running on {DEVICE}")
+    print(machine_note(torch.get_num_threads()))
+    warnings.filterwarnings("ignore")
+    datasets = (args.datasets or ("protein" if args.quick else "protein,keggundirected,tamielectric")).split(",")
+    sizes = [int(s) for s in (args.sizes or ("256" if args.quick else "256,1024")).split(",")]
+    epochs = args.epochs or (8 if args.quick else 10)
+    every = args.every or (10 if args.quick else 20)
+    rows, traces = [], {}
+    for name in datasets:
+        for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
+            torch.set_default_dtype(dtype)
+            X, y, Xt, yt, _, y_std = (t.to(DEVICE) if torch.is_tensor(t) else t
+                                      for t in load_regression(name, dtype=dtype).standardized())
+            steps = epochs * math.ceil(len(X) / B)
+            print(f"# {name}: {len(X)} train / {len(Xt)} test points, D = {X.shape[1]}, {dtype}, {epochs} epochs "
+                  f"= {steps} steps", flush=True)
+            for M in sizes:
+                pyro.set_rng_seed(0)
+                Z = X[torch.randperm(len(X), device="cpu")[:M].to(DEVICE)]
+                runs = {
+                    "gpytorch": run_gpytorch(X, y, Xt, yt, Z, steps, every, y_std),
+                    "ours": run_ours(X, y, Xt, yt, Z, steps, every, y_std),
+                    "ours_nat": run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr=0.1),
+                }
+                if "mc" in args.extra:
+                    runs["ours_mc"] = run_ours(X, y, Xt, yt, Z, steps, every, y_std, elbo=TraceMeanField_ELBO())
+                target = runs["gpytorch"].points[-1][2]
+                peer_reach = reach(runs["gpytorch"], target)
+                for model, tr in runs.items():
+                    r = reach(tr, target)
+                    _, _, ll, rmse = tr.points[-1]
+                    rows.append({"dataset": name, "M": M, "dtype": str(dtype).split(".")[-1], "model": model,
+                                 "test_ll": ll, "rmse": rmse, "seconds": tr.seconds, "reach_s": r,
+                                 "ratio": None if r is None else r / peer_reach})
+                    traces[(name, M, str(dtype), model)] = tr.points
+                    print(f"#   M={M} {model:9s} test LL {ll:.4f}, RMSE {rmse:.4f}, {tr.seconds:.1f} s, reach "
+                          f"{'never' if r is None else f'{r:.1f} s'}", flush=True)
+                per_epoch = math.ceil(len(X) / B)
+                print(f"#   test LL at the end of each epoch (M={M}, {str(dtype).split('.')[-1]}):")
+                for model, tr in runs.items():
+                    ends = [f"{ll:.3f}" for s, _, ll, _ in tr.points if s % per_epoch == 0 or s == steps]
+                    print(f"#     {model:9s} " + " ".join(ends), flush=True)
+    print("\nTime to GPyTorch's final test log-likelihood (seconds of training; ratio = ours / GPyTorch):")
+    print(table(rows, ["dataset", "M", "dtype", "model", "test_ll", "rmse", "seconds", "reach_s", "ratio"]))
+    write_json(args.json, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,583 @@
+r"""Expectation propagation (EP) and stochastic EP (SEP) for multi-class GP classification with a FITC prior per class
+and the robust-max (Kim and Ghahramani 2006) labelling rule: Villacampa-Calvo and Hernández-Lobato (2017),
+"Scalable multi-class Gaussian process classification using expectation propagation" (ICML; arXiv 1706.07258).
+Equation numbers are theirs; the formulas are rebuilt in ``shared/briefs/ep_sep.md`` (sections cited as "brief").
+
+**Model.** The module is the ordinary ``SVGP(kernel, Z, RobustMax(K), num_outputs=K)`` (``Z`` ``[K, M, D]`` or
+``[M, D]``, one shared kernel). With ``W_k = L_k^{-1} K_k(Z_k, X)`` (``L_k L_k^T = K_k(Z_k, Z_k)``) the FITC prior
+of class ``k`` (eqs. 4-5) is ``f^k_i | u^k ~ N(upsilon_i^T u^k, d^k_i)``, ``d^k_i = k(x_i, x_i) - |w^k_i|^2``.
+Label noise lives in the kernel's diagonal: use ``Sum(RBF(D), WhiteNoise(D))`` for the paper's ``sigma0``
+(:mod:`pyro_sparsegp.kernels` gives ``WhiteNoise`` to ``k(x_i, x_i)`` but not to ``K(Z, Z)``, so here the inducing
+values are noise-free values of the latent functions; the paper adds ``sigma0`` to ``K(Z, Z)`` as well). The labels
+follow ``y_i = argmax_k f^k_i``; the likelihood's ``epsilon`` is not used in training (EP has no labelling-error
+term: eq. 1) and only enters the module's predictive distribution (a floor of ``epsilon / (K - 1)``).
+
+**Approximation.** Eq. 6 replaces the exact factor (eq. 3) by ``prod_{k != y_i} Phi(alpha_ik(u))``, and each of
+the ``N (K - 1)`` factors by a Gaussian factor that factorises over the two classes it touches (eq. 8): on class
+``y_i`` ``exp(-C1y/2 (upsilon^T u)^2 + C2y upsilon^T u)``, on class ``k`` the same with ``(C1c, C2c)``.
+
+* ``method="ep"``: one site per factor, four scalars ``[N, K]`` each (entries ``(i, y_i)`` are zero).
+* ``method="sep"``: stochastic EP (sec. 2.3.1): one tied factor per class, the natural parameters
+  ``(Lambda_k [M, M], eta_k [M])`` of the product of all factors that touch class ``k``; state ``O(K M^2)``,
+  independent of ``N``.
+
+Everything is computed in whitened coordinates ``v_k = L_k^{-1} u_k`` (prior ``N(0, I)``, posterior precision
+``I + W diag(c) W^T``: well conditioned). Tied sites are stored relative to the ``L`` they were formed with and moved
+to a new ``L'`` by ``R = L^{-1} L'`` (``Lambda <- R^T Lambda R``, ``eta <- R^T eta``): that is the paper's "keep the
+factors, swap the prior" (brief sec. 5, R ``updatePosterior_after``). Per-point EP sites in batch mode are kept as
+functions of the projections ``upsilon_i^T u`` and re-applied with the current ``upsilon`` at every iteration (the
+paper re-sets ``upsilon`` after each refinement; both have the same fixed points).
+
+**Updates.** Parallel refinement of every factor from one ``q`` (appendix D, brief sec. 3), damped:
+``C <- delta C_new + (1 - delta) C_old``, ``delta = damping * damping_decay^t`` in batch mode (paper: 0.5, 0.99),
+``delta = 1`` with minibatches. A factor whose cavity is not a proper Gaussian (``1 - C1 v <= 0``), whose ``s`` is
+not positive, or whose new precision would not be positive and finite, is skipped (its old value is kept); the count
+is in :attr:`EPState.skipped`. New precisions ``g / (1 - g v_cav)`` are positive whenever ``0 < g < 1 / s``, which is
+checked.
+
+**Evidence and gradients.** :func:`ep_log_evidence` is eq. 9 (appendix F; SEP: the tied-factor version). The
+hyper-parameter and inducing-input gradient is eq. 10 (eq. 12 for a minibatch, scaled by ``N / |B|``), computed by
+autograd of the surrogate of the brief, sec. 5:
+``sum_k [A(theta_p + theta~_k) - A(theta_p)] + (N/|B|) sum log Phi(beta_ik(xi; m_cav, S_cav))`` with the sites
+``theta~`` fixed as functions of ``u`` and the cavities frozen. At an EP fixed point this is the exact gradient of
+``log Z_EP`` (tested against finite differences); away from one (the paper's "EP-inner-approx" schedule, which
+updates both at once) it ignores the dependence of the sites on the hyper-parameters.
+Steps: batch, per-element sign-adaptive ascent (start ``1e-2``, x1.02 on equal signs up to 1, x0.5 on a flip) on
+the module's unconstrained parameters (so in log space for positive ones; raw for ``Z``); minibatch, Adam
+(``lr=1e-3``).
+
+**Result.** The Gaussian ``q(u_k)`` is written into ``module.q_u`` (whitened or not, as the module is). The
+posterior over ``u`` of the FITC model is what EP approximates, and the module's ``predict`` gives
+``m*_k = k*^T K^{-1} mu_k``, ``v*_k = k** - k*^T K^{-1} k* + k*^T K^{-1} Sigma_k K^{-1} k*`` (eq. 11 / appendix H:
+``k**`` includes the kernel's white noise, i.e. the FITC diagonal), and class probabilities by the 1-D
+Gauss-Hermite quadrature of eq. 3 (``RobustMax.predictive``). So EP, SEP and VI fit the same module and predict
+through the same code.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..kernels import kernel_diag, kernel_matrix
+from ..likelihoods_multiclass import RobustMax
+from ..linalg import cholesky, project_chol
+
+__all__ = ["fit_ep", "EPState", "ep_log_evidence", "ep_refine", "ep_surrogate"]
+
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+# -- FITC statistics -------------------------------------------------------------------------------------------
+def _check_module(module):
+    lik = module.likelihood
+    if not isinstance(lik, RobustMax):
+        raise ValueError(f"EP needs SVGP(..., RobustMax(K), num_outputs=K); the likelihood is {type(lik).__name__}")
+    if module.num_outputs != lik.num_classes:
+        raise ValueError(f"num_outputs ({module.num_outputs}) must equal the number of classes ({lik.num_classes})")
+    return lik.num_classes
+
+
+def _fitc_stats(module, X):
+    """``(L [K, M, M], W [K, M, N], d [K, N])``: Cholesky factor of ``K(Z, Z)`` as the module computes it (same
+    jitter), ``W = L^{-1} K(Z, X)``, and the FITC diagonal ``d = k(x, x) - |w|^2`` (clamped at 0 against round-off)."""
+    Z = module.Z
+    K = module.num_outputs
+    Kuu = kernel_matrix(module.kernel, Z)
+    L = cholesky(Kuu, module.jitter)
+    Kuf = kernel_matrix(module.kernel, Z, X if Z.dim() == 2 else X.unsqueeze(-3))
+    (W,) = project_chol(Kuu, L, Kuf)
+    M, N = W.shape[-2:]
+    if Z.dim() == 2:
+        L, W = L.expand(K, M, M), W.expand(K, M, N)
+    d = (kernel_diag(module.kernel, X) - W.pow(2).sum(-2)).clamp(min=0.0)
+    return L, W, d
+
+
+def _gauss(Lam, eta):
+    """Whitened posterior with precision ``I + Lam`` and natural mean ``eta``: ``(chol(I + Lam), mean)``."""
+    eye = torch.eye(Lam.shape[-1], dtype=Lam.dtype, device=Lam.device)
+    Lb = cholesky(eye + 0.5 * (Lam + Lam.mT))
+    mu = torch.cholesky_solve(eta.unsqueeze(-1), Lb).squeeze(-1)
+    return Lb, mu
+
+
+def _log_norm(Lb, eta):
+    """``A(q) - A(N(0, I))`` for ``q`` with precision ``Lb Lb^T`` and natural mean ``eta``, ``[K]``."""
+    a = torch.linalg.solve_triangular(Lb, eta.unsqueeze(-1), upper=False).squeeze(-1)
+    return -Lb.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * a.pow(2).sum(-1)
+
+
+def _proj(Lb, mu, T):
+    """Projections of ``N(mu, (Lb Lb^T)^{-1})`` onto the columns of ``T`` ``[K, M, N]``: ``(var, mean, Lb^{-1} T)``."""
+    V = torch.linalg.solve_triangular(Lb, T, upper=False)
+    return V.pow(2).sum(-2), (mu.unsqueeze(-1) * T).sum(-2), V
+
+
+def _side_cavity(tv, tw, tm, v, m, C1, C2):
+    """Cavity projections onto a direction ``t`` after removing a site ``exp(-C1/2 (w^T u)^2 + C2 w^T u)`` from q
+    (brief sec. 2, eqs. 28-32), given ``tv = t^T S t``, ``tw = t^T S w``, ``tm = t^T mu``, ``v = w^T S w``,
+    ``m = w^T mu`` of q. Returns ``(mean, var, 1 - C1 v)``; the cavity is proper iff the last is positive."""
+    den = 1.0 - C1 * v
+    safe = torch.where(den > 0, den, torch.ones_like(den))
+    return tm + tw * (C1 * m - C2) / safe, tv + tw.pow(2) * C1 / safe, den
+
+
+def ep_refine(mu_a, v_a, mu_k, v_k, d_a, d_k):
+    r"""New site parameters of the factors ``Phi((f^a - f^k) / sqrt(d_a + d_k))`` from their cavity projections
+    (appendix D, eqs. 33-55; brief sec. 3). All arguments broadcast; ``a`` is the observed class.
+
+    ``s = d_a + d_k + v_a + v_k``, ``beta = (mu_a - mu_k) / sqrt(s)``, ``alpha = N(beta) / Phi(beta)``,
+    ``g = alpha (alpha + beta) / s``; ``C1y = g / (1 - g v_a)``, ``C2y = alpha / sqrt(s) (1 + C1y v_a) + C1y mu_a``,
+    ``C1c = g / (1 - g v_k)``, ``C2c = -alpha / sqrt(s) (1 + C1c v_k) + C1c mu_k``.
+
+    :returns: ``((C1y, C2y, C1c, C2c), ok, log Phi(beta))``; ``ok`` is False where the update is invalid
+        (``s <= 0``, ``g`` outside ``(0, 1/s)``, non-finite values); there the returned values are meaningless.
+    """
+    s = d_a + d_k + v_a + v_k
+    ok = s > 0
+    s = torch.where(ok, s, torch.ones_like(s))
+    rs = s.sqrt()
+    beta = (mu_a - mu_k) / rs
+    logcdf = torch.special.log_ndtr(beta)
+    alpha = torch.exp(-0.5 * beta.pow(2) - _HALF_LOG_2PI - logcdf)
+    g = alpha * (alpha + beta) / s
+    C1y = g / (1.0 - g * v_a)
+    C1c = g / (1.0 - g * v_k)
+    C2y = alpha / rs * (1.0 + C1y * v_a) + C1y * mu_a
+    C2c = -alpha / rs * (1.0 + C1c * v_k) + C1c * mu_k
+    ok = ok & (g > 0) & (g * s < 1) & (C1y > 0) & (C1c > 0)
+    for t in (C1y, C2y, C1c, C2c, logcdf):
+        ok = ok & torch.isfinite(t)
+    return (C1y, C2y, C1c, C2c), ok, logcdf
+
+
+# -- state -----------------------------------------------------------------------------------------------------
+@dataclass
+class EPState:
+    """State of :func:`fit_ep`.
+
+    EP: ``sites = (C1y, C2y, C1c, C2c)``, each ``[N, K]`` (zero at ``(i, y_i)``); with minibatches also ``ups``
+    ``[K, N, M]``, the directions ``upsilon_i = K^{-1} k(Z, x_i)`` each site was formed with (the paper's R code
+    keeps them too: ``O(N K M)``), and the running sums ``(Lam, eta)``. SEP: ``(Lam [K, M, M], eta [K, M])`` only.
+    ``Lam, eta`` are whitened with respect to ``L_ref``.
+    """
+
+    method: str
+    sites: tuple | None = None
+    ups: torch.Tensor | None = None
+    Lam: torch.Tensor | None = None
+    eta: torch.Tensor | None = None
+    L_ref: torch.Tensor | None = None
+    iteration: int = 0
+    log_evidence: list = field(default_factory=list)
+    seconds: list = field(default_factory=list)
+    skipped: int = 0
+    updated: int = 0
+
+    def state_bytes(self) -> int:
+        """Bytes held by the approximate factors (what grows with ``N`` for EP and not for SEP)."""
+        ts = [t for t in (*(self.sites or ()), self.ups, self.Lam, self.eta) if t is not None]
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    @property
+    def time_per_iteration(self) -> float:
+        """Median seconds per iteration (refinement + hyper-parameter step)."""
+        s = sorted(self.seconds)
+        return s[len(s) // 2] if s else float("nan")
+
+
+def _transform(state, L0):
+    """Move the tied sites to the whitening of ``L0`` (keep the factors as functions of ``u``)."""
+    if state.L_ref is not None and state.Lam is not None and not torch.equal(state.L_ref, L0):
+        R = torch.linalg.solve_triangular(state.L_ref, L0, upper=False)
+        state.Lam = R.mT @ state.Lam @ R
+        state.eta = (R.mT @ state.eta.unsqueeze(-1)).squeeze(-1)
+    state.L_ref = L0
+
+
+def _aggregate(a, b, own):
+    """Per-class site coefficient of each point ``[K, N]``: ``sum_j a[i, j]`` on its own class, ``b[i, k]`` else."""
+    return torch.where(own, a.sum(-1, keepdim=True), b).T
+
+
+def _factor_counts(y, K):
+    n = torch.bincount(y, minlength=K).to(torch.get_default_dtype())
+    return (y.numel() - n) + (K - 1) * n  # factors that touch class k
+
+
+# -- surrogate of eq. 10 -----------------------------------------------------------------------------------------
+def _surrogate(L, W, d, L0, Lq, mu, Lam, eta, sides, y, own, scale):
+    """Autograd surrogate whose gradient is eq. 10 (eq. 12 with ``scale = N / |B|``), see the module docstring.
+
+    ``L, W, d`` live (functions of the hyper-parameters); ``L0`` the value of ``L``; ``(Lq, mu)`` the frozen
+    whitened q (or SEP cavity) the cavities are built from; ``(Lam, eta)`` the frozen tied natural parameters of
+    all sites (whitened at ``L0``); ``sides``: ``None`` (SEP: the cavity is ``(Lq, mu)`` itself) or the frozen
+    ``(Wold, C1y, C2y, C1c, C2c)`` of EP (``Wold`` ``[K, M, B]``: the sites' directions whitened at ``L0``)."""
+    R = torch.linalg.solve_triangular(L0, L, upper=False)  # live, the identity at the current value
+    Lb = cholesky(torch.eye(L.shape[-1], dtype=L.dtype, device=L.device) + R.mT @ Lam @ R)
+    prior = _log_norm(Lb, (R.mT @ eta.unsqueeze(-1)).squeeze(-1)).sum()
+    T = torch.linalg.solve_triangular(R.mT, W, upper=True)  # L0^T upsilon(xi)
+    tv, tm, Vt = _proj(Lq, mu, T)
+    if sides is None:  # SEP: one cavity per class
+        ya, ka = tm.T.gather(-1, y[:, None]), tm.T
+        va, vk = tv.T.gather(-1, y[:, None]), tv.T
+    else:
+        Wold, C1y, C2y, C1c, C2c = sides
+        v, m, Vw = _proj(Lq, mu, Wold)
+        tw = (Vt * Vw).sum(-2)
+        g = lambda P: P.T.gather(-1, y[:, None])  # noqa: E731  the observed class's row, [B, 1]
+        ya, va, _ = _side_cavity(g(tv), g(tw), g(tm), g(v), g(m), C1y, C2y)
+        ka, vk, _ = _side_cavity(tv.T, tw.T, tm.T, v.T, m.T, C1c, C2c)
+    dT = d.T
+    s = dT.gather(-1, y[:, None]) + dT + va + vk
+    beta = (ya - ka) / s.clamp(min=torch.finfo(s.dtype).tiny).sqrt()
+    lik = torch.special.log_ndtr(beta).masked_fill(own, 0.0).sum()
+    return prior + scale * lik
+
+
+# -- evidence ------------------------------------------------------------------------------------------------------
+def _ep_terms(W, d, sites, y, own):
+    """q, projections and per-factor cavities of batch EP (sites on the current directions)."""
+    C1y, C2y, C1c, C2c = sites
+    c1, c2 = _aggregate(C1y, C1c, own), _aggregate(C2y, C2c, own)
+    Lam = (W * c1.unsqueeze(-2)) @ W.mT
+    eta = (W * c2.unsqueeze(-2)).sum(-1)
+    Lq, mu = _gauss(Lam, eta)
+    v, m, _ = _proj(Lq, mu, W)
+    g = lambda P: P.T.gather(-1, y[:, None])  # noqa: E731
+    cav_a = _side_cavity(g(v), g(v), g(m), g(v), g(m), C1y, C2y)
+    cav_k = _side_cavity(v.T, v.T, m.T, v.T, m.T, C1c, C2c)
+    return Lam, eta, Lq, mu, v, m, cav_a, cav_k
+
+
+def _delta(v, m, C1, C2, den):
+    """``A(cavity) - A(q)`` projected on one side (appendix F)."""
+    return -0.5 * den.log() + 0.5 * (C1 * m.pow(2) - 2 * C2 * m + C2.pow(2) * v) / den
+
+
+def _ep_evidence(W, d, sites, y, own):
+    C1y, C2y, C1c, C2c = sites
+    Lam, eta, Lq, mu, v, m, (ma, va, dena), (mk, vk, denk) = _ep_terms(W, d, sites, y, own)
+    dT = d.T
+    s = dT.gather(-1, y[:, None]) + dT + va + vk
+    beta = (ma - mk) / s.sqrt()
+    g = lambda P: P.T.gather(-1, y[:, None])  # noqa: E731
+    per = (torch.special.log_ndtr(beta) + _delta(g(v), g(m), C1y, C2y, dena) + _delta(v.T, m.T, C1c, C2c, denk))
+    return per.masked_fill(own, 0.0).sum() + _log_norm(Lq, eta).sum()
+
+
+def _sep_evidence(W, d, Lam, eta, y, own, F, scale=1.0, counts=None):
+    Lq, mu = _gauss(Lam, eta)
+    r = ((F - 1) / F)[:, None]
+    Lc, muc = _gauss(r[..., None] * Lam, r * eta)
+    tv, tm, _ = _proj(Lc, muc, W)
+    dT = d.T
+    s = dT.gather(-1, y[:, None]) + dT + tv.T.gather(-1, y[:, None]) + tv.T
+    beta = (tm.T.gather(-1, y[:, None]) - tm.T) / s.sqrt()
+    Bk = F if counts is None else counts
+    cav_minus_q = _log_norm(Lc, r * eta) - _log_norm(Lq, eta)
+    data = torch.special.log_ndtr(beta).masked_fill(own, 0.0).sum() + (Bk * cav_minus_q).sum()
+    return scale * data + _log_norm(Lq, eta).sum()
+
+
+@torch.no_grad()
+def ep_log_evidence(module, X: torch.Tensor, y: torch.Tensor, state: EPState) -> float:
+    r"""EP estimate of :math:`\log p(y)` (eq. 9, appendix F; brief sec. 4) at the module's current
+    hyper-parameters and the sites in ``state``: ``sum_{i, k != y_i} [log Phi(beta_ik) + Delta_y + Delta_c]
+    + sum_k [A(q_k) - A(p_k)]``. For SEP, the tied-factor version (R ``computeEvidence_minibatch``) on all data:
+    ``sum log Phi(beta_ik) + sum_k F_k (A(cav_k) - A(q_k)) + sum_k [A(q_k) - A(p_k)]``.
+
+    :param X: ``[N, D]`` the training inputs the state was fitted on; ``y`` ``[N]`` labels in ``0..K-1``."""
+    K = _check_module(module)
+    y = y.long()
+    own = torch.nn.functional.one_hot(y, K).bool()
+    L, W, d = _fitc_stats(module, X)
+    if state.method == "sep":
+        _transform(state, L)
+        return float(_sep_evidence(W, d, state.Lam, state.eta, y, own, _factor_counts(y, K)))
+    if state.ups is not None:  # minibatch EP: the sites on the directions they were formed with
+        W = L.mT @ state.ups.mT
+    return float(_ep_evidence(W, d, state.sites, y, own))
+
+
+# -- writing q(u) ---------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def _write_q(module, L, Lam, eta):
+    Lq, mu = _gauss(Lam, eta)
+    eye = torch.eye(Lq.shape[-1], dtype=Lq.dtype, device=Lq.device)
+    S_tril = torch.linalg.solve_triangular(Lq.mT, eye.expand_as(Lq), upper=True)  # Lq^{-T}: S = Lq^{-T} Lq^{-1}
+    S = S_tril @ S_tril.mT
+    St = cholesky(0.5 * (S + S.mT))
+    if module.whiten:
+        module.q_u.set(mu, St)
+    else:
+        module.q_u.set((L @ mu.unsqueeze(-1)).squeeze(-1), L @ St)
+
+
+# -- step rules ----------------------------------------------------------------------------------------------------
+class _SignAdaptive:
+    """Per-element sign-adaptive ascent (brief sec. 5): ``eps`` starts at ``1e-2``, x1.02 (at most 1) when the
+    gradient's sign repeats, x0.5 when it flips; ``p += eps * sign(grad)``."""
+
+    def __init__(self, params, eps=1e-2):
+        self.params = params
+        self.eps = [torch.full_like(p, eps) for p in params]
+        self.prev = [torch.zeros_like(p) for p in params]
+
+    @torch.no_grad()
+    def step(self):
+        for p, e, prev in zip(self.params, self.eps, self.prev, strict=True):
+            if p.grad is None:
+                continue
+            g = p.grad.sign()
+            same = g * prev
+            e.copy_(torch.where(same > 0, (e * 1.02).clamp(max=1.0), torch.where(same < 0, e * 0.5, e)))
+            p.add_(e * g)
+            prev.copy_(g)
+
+
+# -- the loop ----------------------------------------------------------------------------------------------------
+def fit_ep(
+    module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    method: str = "ep",
+    num_iters: int = 250,
+    batch_size: int | None = None,
+    learn_hyperparameters: bool = True,
+    damping: float = 0.5,
+    damping_decay: float = 0.99,
+    lr: float = 1e-3,
+    seed: int = 0,
+    state: EPState | None = None,
+    callback=None,
+) -> EPState:
+    r"""Fit ``module`` (``SVGP(kernel, Z, RobustMax(K), num_outputs=K)``) by EP or SEP (Villacampa-Calvo and
+    Hernández-Lobato 2017; see the module docstring) and write the Gaussian ``q(u_k)`` of each class into
+    ``module.q_u``.
+
+    :param X: ``[N, D]`` inputs. :param y: ``[N]`` labels in ``0..K-1``.
+    :param method: ``"ep"`` (one site per factor) or ``"sep"`` (one tied site per class).
+    :param num_iters: iterations (batch) or minibatch steps; each refines the factors once (parallel, damped) and
+        takes one hyper-parameter step (the paper's schedule, sec. 2.3 and appendix E).
+    :param batch_size: ``None``: batch mode (all factors each iteration, sign-adaptive steps, damping schedule);
+        else minibatches of that size drawn from random permutations (``delta = 1``, Adam on eq. 12).
+    :param learn_hyperparameters: also train the kernel and ``Z`` (eq. 10/12); ``False``: EP only.
+    :param damping: initial ``delta``; :param damping_decay: ``delta <- decay * delta`` after each batch iteration
+        (``1.0``: constant damping, which is how to run EP to a fixed point).
+    :param lr: Adam learning rate in minibatch mode.
+    :param state: continue from a previous :class:`EPState` (same data).
+    :param callback: ``callback(iteration, state)`` after every iteration.
+    :returns: the :class:`EPState` (``log_evidence`` per batch iteration, ``seconds`` per iteration, ``skipped``).
+    """
+    if method not in ("ep", "sep"):
+        raise ValueError(f"method must be 'ep' or 'sep', got {method!r}")
+    K = _check_module(module)
+    if X.dim() != 2 or X.shape[-1] != module.Z.shape[-1]:
+        raise ValueError(f"X must be [N, D] with D = {module.Z.shape[-1]}, got {tuple(X.shape)}")
+    if y.shape != X.shape[:1]:
+        raise ValueError(f"y must be [N] = [{X.shape[0]}], got {tuple(y.shape)}")
+    module.likelihood.check_y(y)
+    if not 0.0 < damping <= 1.0:
+        raise ValueError(f"damping must be in (0, 1], got {damping}")
+    y = y.long()
+    N = X.shape[0]
+    own = torch.nn.functional.one_hot(y, K).bool()
+    F = _factor_counts(y, K).to(X.dtype)
+    M = module.Z.shape[-2]
+    batch = batch_size is not None and batch_size < N
+    if state is None:
+        state = EPState(method)
+    if state.method != method:
+        raise ValueError(f"state was made by {state.method!r}, not {method!r}")
+    zeros = X.new_zeros(N, K)
+    if method == "ep" and state.sites is None:
+        state.sites = (zeros, zeros.clone(), zeros.clone(), zeros.clone())
+    if (method == "sep" or batch) and state.Lam is None:
+        state.Lam, state.eta = X.new_zeros(K, M, M), X.new_zeros(K, M)
+    if method == "ep" and batch and state.ups is None:
+        state.ups = X.new_zeros(K, N, M)
+    params = [p for n, p in module.named_parameters() if not n.startswith("q_u")] if learn_hyperparameters else []
+    opt = (torch.optim.Adam(params, lr=lr, maximize=True) if batch else _SignAdaptive(params)) if params else None
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(N, generator=gen)
+    pos = 0
+    for it in range(num_iters):
+        t0 = time.perf_counter()
+        if batch:
+            if pos + batch_size > N:
+                order, pos = torch.randperm(N, generator=gen), 0
+            idx = order[pos : pos + batch_size]
+            pos += batch_size
+        else:
+            idx = None
+        delta = 1.0 if batch else damping * damping_decay**state.iteration
+        yb = y if idx is None else y[idx]
+        ownb = own if idx is None else own[idx]
+        with torch.set_grad_enabled(bool(params)):
+            L, W, d, new, ok, sur_args, logz = _parts(module, state, X, y, own, F, idx, delta)
+            if opt is not None:
+                for p in params:
+                    p.grad = None
+                sur = _surrogate(L, W, d, L.detach(), *sur_args, yb, ownb, 1.0 if idx is None else N / len(idx))
+                sur.backward()
+                if not all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params):
+                    raise FloatingPointError("non-finite hyper-parameter gradient in EP; check the kernel and data")
+                opt.step()
+        state.skipped += int((~ok & ~ownb).sum())
+        state.updated += int((ok & ~ownb).sum())
+        new()
+        state.iteration += 1
+        if not batch:
+            state.log_evidence.append(float(logz))
+        state.seconds.append(time.perf_counter() - t0)
+        if callback is not None:
+            callback(it, state)
+    finish(module, X, y, state)
+    return state
+
+
+def _parts(module, state, X, y, own, F, idx, delta):
+    """One refinement's ingredients: live ``(L, W, d)`` on the batch, the deferred site update, validity, the
+    surrogate's frozen arguments and the evidence estimate (``None`` for minibatch EP)."""
+    N = X.shape[0]
+    Xb = X if idx is None else X[idx]
+    yb = y if idx is None else y[idx]
+    ownb = own if idx is None else own[idx]
+    L, W, d = _fitc_stats(module, Xb)
+    L0, W0, d0 = L.detach(), W.detach(), d.detach()
+    logz = None
+    if state.method == "ep" and state.ups is None:
+        new, ok, sur_args, logz = _ep_batch(state, W0, d0, yb, ownb, delta)
+    elif state.method == "ep":
+        new, ok, sur_args = _ep_minibatch(state, L0, W0, d0, yb, ownb, idx if idx is not None else slice(None))
+    else:
+        scale = 1.0 if idx is None else N / len(idx)
+        new, ok, sur_args, logz = _sep_step(state, L0, W0, d0, yb, ownb, F, scale, delta)
+    return L, W, d, new, ok, sur_args, logz
+
+
+def ep_surrogate(module, X: torch.Tensor, y: torch.Tensor, state: EPState) -> torch.Tensor:
+    r"""The scalar whose gradient with respect to the kernel's parameters and ``Z`` is eq. 10 (appendix G) on the
+    full data at the sites in ``state``: ``sum_k [A(theta_p + theta~_k) - A(theta_p)] + sum_{i, k} log Phi(beta_ik)``
+    with the sites and cavities frozen (brief sec. 5). At an EP fixed point its gradient is that of
+    :func:`ep_log_evidence`; its value is not ``log Z``. Leaves ``state`` unchanged."""
+    K = _check_module(module)
+    y = y.long()
+    own = torch.nn.functional.one_hot(y, K).bool()
+    L, W, d, _, _, sur_args, _ = _parts(module, state, X, y, own, _factor_counts(y, K).to(X.dtype), None, 1.0)
+    return _surrogate(L, W, d, L.detach(), *sur_args, y, own, 1.0)
+
+
+@torch.no_grad()
+def finish(module, X, y, state):
+    """Write the current q(u) into ``module.q_u`` (after the last hyper-parameter step)."""
+    K = module.num_outputs
+    y = y.long()
+    own = torch.nn.functional.one_hot(y, K).bool()
+    L, W, d = _fitc_stats(module, X) if state.Lam is None else (_fitc_stats(module, X[:1])[0], None, None)
+    if state.Lam is None:  # batch EP: sites on the current directions
+        C1y, C2y, C1c, C2c = state.sites
+        c1, c2 = _aggregate(C1y, C1c, own), _aggregate(C2y, C2c, own)
+        Lam, eta = (W * c1.unsqueeze(-2)) @ W.mT, (W * c2.unsqueeze(-2)).sum(-1)
+    else:
+        _transform(state, L)
+        Lam, eta = state.Lam, state.eta
+    _write_q(module, L, Lam, eta)
+
+
+def _damp(old, new, ok, delta):
+    return torch.where(ok, delta * new + (1 - delta) * old, old)
+
+
+@torch.no_grad()
+def _ep_batch(state, W, d, y, own, delta):
+    sites = state.sites
+    C1y, C2y, C1c, C2c = sites
+    Lam, eta, Lq, mu, v, m, (ma, va, dena), (mk, vk, denk) = _ep_terms(W, d, sites, y, own)
+    dT = d.T
+    g = lambda P: P.T.gather(-1, y[:, None])  # noqa: E731
+    new, ok, logcdf = ep_refine(ma, va, mk, vk, g(d), dT)
+    ok = ok & (dena > 0) & (denk > 0) & ~own
+    tiny = torch.finfo(d.dtype).tiny  # improper cavities (skipped factors) give -inf here, never NaN
+    per = logcdf + _delta(g(v), g(m), C1y, C2y, dena.clamp(min=tiny)) + _delta(v.T, m.T, C1c, C2c, denk.clamp(min=tiny))
+    logz = per.masked_fill(own, 0.0).sum() + _log_norm(Lq, eta).sum()
+
+    def apply():
+        state.sites = tuple(_damp(o, n, ok, delta).masked_fill(own, 0.0) for o, n in zip(sites, new, strict=True))
+
+    return apply, ok, (Lq, mu, Lam, eta, (W, C1y, C2y, C1c, C2c)), logz
+
+
+@torch.no_grad()
+def _ep_minibatch(state, L0, W, d, y, own, idx):
+    """Minibatch EP (brief sec. 7): cavities from q and the batch's old sites (old directions), refinement on the
+    new directions (``delta = 1``), then q <- q - old contributions + new ones."""
+    _transform(state, L0)
+    Lq, mu = _gauss(state.Lam, state.eta)
+    C1y, C2y, C1c, C2c = (s[idx] for s in state.sites)
+    Wold = L0.mT @ state.ups[:, idx].mT  # [K, M, B] old directions, whitened at L0
+    tv, tm, Vt = _proj(Lq, mu, W)
+    v, m, Vw = _proj(Lq, mu, Wold)
+    tw = (Vt * Vw).sum(-2)
+    g = lambda P: P.T.gather(-1, y[:, None])  # noqa: E731
+    ma, va, dena = _side_cavity(g(tv), g(tw), g(tm), g(v), g(m), C1y, C2y)
+    mk, vk, denk = _side_cavity(tv.T, tw.T, tm.T, v.T, m.T, C1c, C2c)
+    new, ok, _ = ep_refine(ma, va, mk, vk, g(d), d.T)
+    # a point moves only if all its K - 1 factors can (its sites are summed on one direction per class)
+    ok = ((ok & (dena > 0) & (denk > 0)) | own).all(-1, keepdim=True) & ~own
+    old = (C1y, C2y, C1c, C2c)
+    sur = (Lq, mu, state.Lam.clone(), state.eta.clone(), (Wold, *old))
+
+    def apply():
+        # old sites on old directions out, new (or kept) sites on the new directions in
+        kept = tuple(torch.where(ok, n, o).masked_fill(own, 0.0) for o, n in zip(old, new, strict=True))
+        c1o, c2o = _aggregate(old[0], old[2], own), _aggregate(old[1], old[3], own)
+        # a skipped point keeps its old sites, on their old directions
+        W_in = torch.where(ok.any(-1)[None, None, :], W, Wold)
+        c1n, c2n = _aggregate(kept[0], kept[2], own), _aggregate(kept[1], kept[3], own)
+        state.Lam = (state.Lam - (Wold * c1o.unsqueeze(-2)) @ Wold.mT + (W_in * c1n.unsqueeze(-2)) @ W_in.mT)
+        state.eta = state.eta - (Wold * c2o.unsqueeze(-2)).sum(-1) + (W_in * c2n.unsqueeze(-2)).sum(-1)
+        for s, k in zip(state.sites, kept, strict=True):
+            s[idx] = k
+        ups_new = torch.linalg.solve_triangular(L0.mT, W_in, upper=True)  # L0^{-T} w = K^{-1} k(Z, x)
+        state.ups[:, idx] = ups_new.mT
+
+    return apply, ok, sur
+
+
+@torch.no_grad()
+def _sep_step(state, L0, W, d, y, own, F, scale, delta):
+    """SEP (sec. 2.3.1; brief sec. 6): every factor of the batch from its class's shared cavity, then
+    ``Lambda <- delta Lambda_new + (1 - delta) (B/F) Lambda + (1 - B/F) Lambda`` (and eta)."""
+    _transform(state, L0)
+    K = F.shape[0]
+    r = ((F - 1) / F)[:, None]
+    Lc, muc = _gauss(r[..., None] * state.Lam, r * state.eta)
+    tv, tm, _ = _proj(Lc, muc, W)
+    g = lambda P: P.T.gather(-1, y[:, None])  # noqa: E731
+    new, ok, logcdf = ep_refine(g(tm), g(tv), tm.T, tv.T, g(d), d.T)
+    ok = ok & ~own
+    n = torch.bincount(y, minlength=K).to(W.dtype)
+    Bk_all = (len(y) - n) + (K - 1) * n
+    Lq, mu = _gauss(state.Lam, state.eta)
+    cav_minus_q = _log_norm(Lc, r * state.eta) - _log_norm(Lq, state.eta)
+    logz = scale * (logcdf.masked_fill(own, 0.0).sum() + (Bk_all * cav_minus_q).sum()) + _log_norm(Lq, state.eta).sum()
+    sur = (Lc, muc, state.Lam.clone(), state.eta.clone(), None)
+
+    def apply():
+        C1y, C2y, C1c, C2c = (t.masked_fill(~ok, 0.0) for t in new)
+        c1, c2 = _aggregate(C1y, C1c, own), _aggregate(C2y, C2c, own)
+        okc = _aggregate(ok.to(W.dtype), ok.to(W.dtype), own)  # [K, B]: valid factors per class and point
+        Bk = okc.sum(-1)
+        Lam_new = (W * c1.unsqueeze(-2)) @ W.mT
+        eta_new = (W * c2.unsqueeze(-2)).sum(-1)
+        keep = (1 - delta * Bk / F)  # remove B_k average factors, damped
+        state.Lam = delta * Lam_new + keep[:, None, None] * state.Lam
+        state.eta = delta * eta_new + keep[:, None] * state.eta
+
+    return apply, ok, sur, logz

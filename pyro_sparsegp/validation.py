@@ -1,0 +1,204 @@
+"""Checks of user input at the public entry points, each failing with an error that names the problem and the fix.
+
+The modules call these with one line each (:class:`~pyro_sparsegp.SVGP` and :class:`~pyro_sparsegp.SOLVEGP`
+constructors, ``_check_data`` of their ``model``/``guide``/``predict``), so the rules live in one place:
+
+* inputs are ``torch.Tensor`` s (numpy arrays and lists get a ``TypeError`` saying ``torch.as_tensor``), floating
+  point, in the dtype of the module's parameters (a mismatch gets a ``TypeError`` naming ``.to(dtype)``), finite;
+* inducing inputs are non-empty (``M >= 1``, ``D >= 1``); ``num_outputs`` is ``None`` or a positive integer;
+  ``jitter`` is ``None`` or a finite number ``>= 0``;
+* a kernel whose ``active_dims`` select features needs at least as many features as its largest index; a kernel on
+  Pyro's default dims ``0..input_dim-1`` given more features warns once that the others are ignored;
+* data sets have at least one row; ``subsample_size`` and ``num_data`` are positive integers with
+  ``subsample_size <= N <= num_data``;
+* inputs whose offset dwarfs their spread in the working dtype (float32 Unix seconds: spacing 128 at 1.7e9) lose
+  their information in the cast, so :class:`InputPrecisionWarning` says to standardise them (once per cause).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from .kernels import expected_input_dim, required_features
+from .linalg import _RESET_HOOKS, _warn_once
+
+__all__ = ["InputPrecisionWarning", "check_tensor", "check_module_args", "check_orthogonal_inputs", "check_data"]
+
+# warn when the spacing of floats at the inputs' magnitude exceeds this fraction of their spread
+_RESOLUTION = 1e-3
+
+
+class InputPrecisionWarning(UserWarning):
+    """The inputs' offset dwarfs their spread in the working dtype: their information is lost to rounding."""
+
+
+def _type_name(x) -> str:
+    return f"{type(x).__module__}.{type(x).__name__}" if not isinstance(x, torch.Tensor) else "Tensor"
+
+
+def check_tensor(x, name: str, dtype: torch.dtype | None = None, floating: bool = True) -> None:
+    """``x`` is a tensor, floating point (if ``floating``) and of ``dtype`` (if given); else ``TypeError``."""
+    if not isinstance(x, torch.Tensor):
+        fix = f"torch.as_tensor({name}, dtype={dtype or torch.get_default_dtype()})"
+        raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(x)}; convert it with {fix}")
+    if floating and not x.is_floating_point():
+        target = dtype or torch.get_default_dtype()
+        raise TypeError(f"{name} must be floating point, got dtype {x.dtype}; pass {name}.to({target})")
+    if floating and dtype is not None and x.dtype != dtype:
+        hint = _precision_hint(x, dtype)
+        raise TypeError(
+            f"{name} has dtype {x.dtype} but the module's parameters are {dtype}; pass {name}.to({dtype}){hint}"
+        )
+
+
+def _resolution_lost(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether, in ``dtype``, the spacing of floats at some column's magnitude exceeds ``_RESOLUTION`` times the
+    column's range (a column of constants is ignored)."""
+    if x.numel() == 0 or x.dim() < 2 or x.shape[-2] < 2:
+        return False
+    with torch.no_grad():
+        flat = x.detach().reshape(-1, x.shape[-1])
+        lo, hi = torch.aminmax(flat, dim=0)
+        spread = (hi.double() - lo.double())
+        mag = torch.maximum(lo.abs(), hi.abs()).double()
+        lost = (spread > 0) & (torch.finfo(dtype).eps * mag > _RESOLUTION * spread)
+        return bool(lost.any())
+
+
+def _precision_hint(x, dtype) -> str:
+    if _resolution_lost(x, dtype):
+        return (
+            f" -- but standardise it first (subtract the mean, divide by the standard deviation, in {x.dtype}): "
+            f"its offset dwarfs its spread and the cast to {dtype} would round the information away"
+        )
+    return ""
+
+
+_LAST_CHECKED: dict = {}  # name -> key of the tensor last checked (the full X is passed at every step)
+_RESET_HOOKS.append(_LAST_CHECKED.clear)
+
+
+def check_precision(x: torch.Tensor, name: str) -> None:
+    """Warn (:class:`InputPrecisionWarning`, once per name and dtype) when the offset of ``x`` dwarfs its spread in
+    its own dtype. A tensor checked last time (same object, version, shape) is not scanned again."""
+    key = (id(x), x._version, tuple(x.shape), x.dtype)
+    if _LAST_CHECKED.get(name) == key:
+        return
+    _LAST_CHECKED[name] = key
+    if x.is_floating_point() and _resolution_lost(x, x.dtype):
+        _warn_once(
+            ("precision", name, x.dtype),
+            f"{name} ({x.dtype}) has an offset that dwarfs its spread: the spacing of {x.dtype} numbers at its "
+            f"magnitude is more than {_RESOLUTION:g} of its range, so rounding has destroyed part of the data "
+            "(e.g. Unix seconds in float32 are multiples of 128). Standardise the inputs in float64 before "
+            "converting them (subtract the mean, divide by the standard deviation), or work in float64.",
+            InputPrecisionWarning,
+            stacklevel=4,
+        )
+
+
+def _positive_int(value, name, allow_none=True):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}")
+
+
+def _param_dtypes(module):
+    return {p.dtype for p in module.parameters()} if module is not None else set()
+
+
+def check_module_args(kernel, Z, likelihood=None, num_outputs=None, jitter=None) -> None:
+    """Arguments of the :class:`~pyro_sparsegp.SVGP` constructor (see the module docstring)."""
+    from .likelihoods import Likelihood
+
+    dtype = torch.get_default_dtype()
+    check_tensor(Z, "Z", floating=True)
+    if Z.dim() in (2, 3) and (Z.shape[-2] == 0 or Z.shape[-1] == 0):
+        raise ValueError(f"Z must hold at least one inducing input of at least one feature, got shape {tuple(Z.shape)}")
+    _positive_int(num_outputs, "num_outputs")
+    if jitter is not None and not (isinstance(jitter, numbers.Real) and 0 <= float(jitter) < float("inf")):
+        raise ValueError(f"jitter must be None or a finite number >= 0, got {jitter!r}")
+    if likelihood is not None and not isinstance(likelihood, Likelihood):
+        raise TypeError(
+            f"likelihood must be a pyro_sparsegp Likelihood (e.g. ps.Gaussian()) or None, got {_type_name(likelihood)}"
+        )
+    for what, mod in (("kernel", kernel), ("likelihood", likelihood)):
+        for d in _param_dtypes(mod):
+            if d != Z.dtype:
+                raise TypeError(
+                    f"Z has dtype {Z.dtype} but the {what}'s parameters are {d}; build the kernel, the likelihood "
+                    "and Z in one dtype (torch.set_default_dtype before building them) or pass Z.to(...)"
+                )
+    if Z.dtype != dtype:
+        raise TypeError(
+            f"Z has dtype {Z.dtype} but the default dtype, in which the variational parameters are created, is "
+            f"{dtype}; call torch.set_default_dtype({Z.dtype}) before building the kernel, likelihood and module, or "
+            f"pass Z.to({dtype})"
+        )
+    if Z.dim() in (2, 3):
+        D = Z.shape[-1]
+        need = required_features(kernel)
+        if need > D:
+            raise ValueError(
+                f"Z has {D} features but the kernel expects input_dim={kernel.input_dim} (it acts on features up to "
+                f"index {need - 1}); build the kernel with input_dim={D} or select features with active_dims"
+            )
+        if expected_input_dim(kernel) is not None and kernel.input_dim < D:
+            _warn_once(
+                ("features", id(kernel), D),
+                f"the kernel has input_dim={kernel.input_dim} and acts on features 0..{kernel.input_dim - 1} of the "
+                f"{D} in Z; the others are ignored. If it should see every feature, build it with input_dim={D}.",
+                UserWarning,
+                stacklevel=4,
+            )
+        check_precision(Z, "Z")
+
+
+def check_orthogonal_inputs(O, Z) -> None:
+    """``O`` of :class:`~pyro_sparsegp.SOLVEGP`: a non-empty floating tensor in ``Z``'s dtype."""
+    check_tensor(O, "O", Z.dtype)
+    if O.dim() in (2, 3) and (O.shape[-2] == 0 or O.shape[-1] == 0):
+        raise ValueError(f"O must hold at least one orthogonal inducing input, got shape {tuple(O.shape)}")
+
+
+def check_data(module, X, y, subsample_size=None, num_data=None, purpose="model") -> None:
+    """Data given to ``model``/``guide`` (``purpose="model"``), ``analytic_elbo`` (``"elbo"``: ``y`` required) or
+    ``predict`` (``"predict"``: no rows is fine): types, dtype, rows, minibatch arguments."""
+    dtype = module.Z.dtype
+    check_tensor(X, "X", dtype)
+    if y is None and purpose == "elbo":
+        raise ValueError("the bound needs the observations: pass y (analytic_elbo(X, y))")
+    if y is not None:
+        check_tensor(y, "y", floating=False)
+        if y.is_complex():
+            raise TypeError(f"y must be real, got dtype {y.dtype}")
+    if purpose != "predict" and X.dim() >= 2 and X.shape[-2] == 0:
+        raise ValueError(f"X has no rows (shape {tuple(X.shape)}); give at least one data point")
+    N = X.shape[-2] if X.dim() >= 2 else None
+    if subsample_size is not None:
+        _positive_int(subsample_size, "subsample_size", allow_none=False)
+        if N is not None and subsample_size > N:
+            raise ValueError(f"subsample_size={subsample_size} exceeds the {N} data points; use at most {N}")
+    if num_data is not None:
+        _positive_int(num_data, "num_data", allow_none=False)
+        if N is not None and num_data < N:
+            raise ValueError(f"num_data={num_data} is smaller than the {N} points given; num_data is the data set size")
+    check_precision(X, "X")
+
+
+def check_predict(module, full: bool, batch_size) -> int:
+    """``predict``'s options; returns the number of rows per chunk (default: ``[L, M, rows]`` within 2^24
+    elements)."""
+    if full and getattr(module, "likelihood", None) is None:
+        raise ValueError(
+            "predict(X, full=True) needs a likelihood for the predictive distribution of y*, and this module has "
+            "none; call predict(X) for the moments of q(f*), or build the module with a likelihood"
+        )
+    _positive_int(batch_size, "batch_size")
+    if batch_size is None:
+        M = module.Z.shape[-2] + (module.O.shape[-2] if hasattr(module, "O") else 0)
+        batch_size = max(1, (1 << 24) // (M * (module.num_outputs or 1)))
+    return int(batch_size)

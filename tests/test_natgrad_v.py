@@ -1,0 +1,189 @@
+"""Natural gradients from the backward pass (``natgrad_from_grads_``, what ``fit`` uses) for q(u) and for SOLVE-GP's
+q(v⊥), against optima computed here with dense matrices and explicit inverses (and against eqs. 28-29 of Shi,
+Titsias, Mnih 2020 through the package's bound module)."""
+
+import pytest
+import torch
+from pyro.contrib.gp.kernels import RBF
+
+import pyro_sparsegp as ps
+from pyro_sparsegp.bounds import solvegp as SB
+from pyro_sparsegp.infer import fit, gaussian_natgrad_step
+from pyro_sparsegp.infer.natgrad import natgrad_families, natgrad_from_grads_, solvegp_natgrad_step
+
+N, M, M2, D = 50, 6, 5, 2
+NOISE = 0.05
+
+
+def _data():
+    X = torch.rand(N, D) * 4 - 2
+    y = torch.sin(2 * X[:, 0]) + 0.5 * X[:, 1] + 0.2 * torch.randn(N)
+    return X, y
+
+
+def _solve(whiten):
+    return ps.SOLVEGP(
+        RBF(D, lengthscale=torch.tensor(0.7)), torch.rand(M, D) * 4 - 2, torch.rand(M2, D) * 4 - 2,
+        ps.Gaussian(NOISE), whiten=whiten,
+    )
+
+
+def _dense(gp, X):
+    """Plain-coordinate matrices: A = Kfu Kuu^-1, Dm = Cfv Cvv^-1, Kuu, Cvv (explicit inverses, float64)."""
+    k = gp.kernel
+    with torch.no_grad():
+        Z, O = gp.Z, gp.O
+        Kuu, Kuv, Kvv = k(Z), k(Z, O), k(O)
+        Kfu, Kfv = k(X, Z), k(X, O)
+        Kuu_inv = torch.linalg.inv(Kuu)
+        Cvv = Kvv - Kuv.mT @ Kuu_inv @ Kuv
+        Cfv = Kfv - Kfu @ Kuu_inv @ Kuv
+        return Kfu @ Kuu_inv, Cfv @ torch.linalg.inv(Cvv), Kuu, Cvv
+
+
+def _conditional_optimum(A_self, A_other, m_other, K_prior, y):
+    """argmax of E_q log N(y | A_self s + A_other m_other, NOISE) - KL[q(s) || N(0, K_prior)]: (m, S)."""
+    beta = 1.0 / NOISE
+    S = torch.linalg.inv(torch.linalg.inv(K_prior) + beta * A_self.mT @ A_self)
+    m = beta * S @ A_self.mT @ (y - A_other @ m_other)
+    return m, S
+
+
+def _plain(q, K, whiten):
+    """(m, S) of a family in plain coordinates (whitened: u = chol(K) u')."""
+    m, L = q.u_loc.detach(), q.u_scale_tril.detach()
+    S = L @ L.mT
+    if whiten:
+        Lk = torch.linalg.cholesky(K)
+        m, S = Lk @ m, Lk @ S @ Lk.mT
+    return m, S
+
+
+def _set_plain(q, m, S, K, whiten):
+    if whiten:
+        Lk = torch.linalg.cholesky(K)
+        m = torch.linalg.solve_triangular(Lk, m.unsqueeze(-1), upper=False).squeeze(-1)
+        S = torch.linalg.solve_triangular(Lk, torch.linalg.solve_triangular(Lk, S, upper=False).mT, upper=False)
+    q.set(m, torch.linalg.cholesky(0.5 * (S + S.mT)))
+
+
+def _close(a, b, tol=1e-6):
+    torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_one_full_batch_step_on_q_v_lands_on_its_optimum_given_q_u(whiten):
+    X, y = _data()
+    gp = _solve(whiten)
+    A, Dm, Kuu, Cvv = _dense(gp, X)
+    g = torch.Generator().manual_seed(1)
+    _set_plain(gp.q_u, torch.randn(M, generator=g), 0.1 * torch.eye(M) + 0.05, Kuu, whiten)  # any q(u)
+    m_u, _ = _plain(gp.q_u, Kuu, whiten)
+    solvegp_natgrad_step(gp, X, y, lr=1.0, sites=("v",))
+    m, S = _conditional_optimum(Dm, A, m_u, Cvv, y)
+    m_v, S_v = _plain(gp.q_v, Cvv, whiten)
+    _close(m_v, m)
+    _close(S_v, S)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_q_v_step_at_the_optimal_q_u_lands_on_eqs_28_29(whiten):
+    """Eqs. 28-29 maximise eq. 9, i.e. eq. 8 with q(u) optimised out; with q(u) at the joint optimum (a dense solve
+    of the joint normal equations), one step of length 1 on q(v⊥) from the prior lands on eqs. 28-29."""
+    X, y = _data()
+    gp = _solve(whiten)
+    A, Dm, Kuu, Cvv = _dense(gp, X)
+    beta = 1.0 / NOISE
+    F = torch.cat([A, Dm], -1)
+    prec = torch.block_diag(torch.linalg.inv(Kuu), torch.linalg.inv(Cvv)) + beta * F.mT @ F
+    means = torch.linalg.solve(prec, beta * F.mT @ y)
+    S_u = torch.linalg.inv(torch.linalg.inv(Kuu) + beta * A.mT @ A)
+    _set_plain(gp.q_u, means[:M], S_u, Kuu, whiten)
+    solvegp_natgrad_step(gp, X, y, lr=1.0, sites=("v",))
+    k = gp.kernel
+    with torch.no_grad():
+        m28, L29 = SB.solvegp_optimal_q_v(y, NOISE, k(gp.Z), k(gp.Z, gp.O), k(gp.O), k(gp.Z, X), k(gp.O, X),
+                                          whiten=whiten)
+    _close(gp.q_v.u_loc, m28)
+    _close(gp.q_v.u_scale_tril @ gp.q_v.u_scale_tril.mT, L29 @ L29.mT)
+    _close(_plain(gp.q_v, Cvv, whiten)[0], means[M:])
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_one_full_batch_step_on_q_u_of_solvegp_lands_on_its_optimum_given_q_v(whiten):
+    X, y = _data()
+    gp = _solve(whiten)
+    A, Dm, Kuu, Cvv = _dense(gp, X)
+    _set_plain(gp.q_v, torch.linspace(-1, 1, M2), 0.3 * Cvv, Cvv, whiten)
+    m_v, _ = _plain(gp.q_v, Cvv, whiten)
+    solvegp_natgrad_step(gp, X, y, lr=1.0, sites=("u",))
+    m, S = _conditional_optimum(A, Dm, m_v, Kuu, y)
+    m_u, S_u = _plain(gp.q_u, Kuu, whiten)
+    _close(m_u, m)
+    _close(S_u, S)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_gradient_step_equals_the_closed_form_svgp_step(whiten):
+    """For SVGP's q(u) the step from the gradient is Hensman 2013's closed form (full batch, length 1: the optimum;
+    minibatch, length 0.3: the same partial step)."""
+    X, y = _data()
+    for idx, lr, num_data in [(torch.arange(N), 1.0, None), (torch.arange(17), 0.3, N)]:
+        gps = [ps.SVGP(RBF(D, lengthscale=torch.tensor(0.7)), X[:M].clone(), ps.Gaussian(NOISE), whiten=whiten)
+               for _ in range(2)]
+        with torch.no_grad():
+            for gp in gps:
+                gp.q_u.u_loc_unconstrained.copy_(torch.linspace(-1, 1, M))
+        gaussian_natgrad_step(gps[0], X[idx], y[idx], lr=lr, num_data=num_data)
+        solvegp_natgrad_step(gps[1], X[idx], y[idx], lr=lr, num_data=num_data, sites=("u",))
+        _close(gps[1].q_u.u_loc, gps[0].q_u.u_loc)
+        _close(gps[1].q_u.u_scale_tril, gps[0].q_u.u_scale_tril)
+
+
+def test_multi_output_step_is_each_output_alone():
+    X, y = _data()
+    Y = torch.stack([y, -2 * y], -1)
+    gp = ps.SVGP(RBF(D), X[:M].clone(), ps.Gaussian(NOISE), num_outputs=2)
+    solvegp_natgrad_step(gp, X, Y, lr=0.7, sites=("u",))
+    for out in range(2):
+        one = ps.SVGP(RBF(D), X[:M].clone(), ps.Gaussian(NOISE))
+        solvegp_natgrad_step(one, X, Y[:, out], lr=0.7, sites=("u",))
+        _close(gp.q_u.u_loc[out], one.q_u.u_loc, 1e-4)
+        _close(gp.q_u.u_scale_tril[out], one.q_u.u_scale_tril, 1e-4)
+
+
+def test_the_step_needs_gradients_and_a_full_covariance_family():
+    gp = ps.SOLVEGP(RBF(D), torch.randn(M, D), torch.randn(M2, D), ps.Gaussian(), odvgp=True)
+    assert natgrad_families(gp) == [gp.q_u]  # ODVGP's mean-only q(v⊥) stays with Adam
+    with pytest.raises(ValueError, match="full-covariance"):
+        natgrad_from_grads_(gp.q_v, 0.5)
+    with pytest.raises(ValueError, match="backward"):
+        natgrad_from_grads_(gp.q_u, 0.5)
+
+
+@pytest.mark.float64
+def test_fit_with_natural_gradients_reaches_the_solvegp_optimum():
+    """fit steps q(u) and q(v⊥) together from one gradient (a Jacobi sweep); with frozen hyperparameters
+    (lr tiny) and the full batch the iteration converges to the maximiser of eq. 8 (q(v⊥): eqs. 28-29)."""
+    X, y = _data()
+    gp = _solve(whiten=True)
+    fit(gp, X, y, num_steps=60, batch_size=N, lr=1e-12, natgrad_lr=1.0, progress=False)
+    k = gp.kernel
+    with torch.no_grad():
+        m28, L29 = SB.solvegp_optimal_q_v(y, NOISE, k(gp.Z), k(gp.Z, gp.O), k(gp.O), k(gp.Z, X), k(gp.O, X),
+                                          whiten=True)
+    _close(gp.q_v.u_loc, m28, 1e-5)
+    _close(gp.q_v.u_scale_tril @ gp.q_v.u_scale_tril.mT, L29 @ L29.mT, 1e-5)
+
+
+def test_fit_trains_odvgp_with_natural_gradients_on_q_u():
+    X, y = _data()
+    gp = ps.SOLVEGP(RBF(D), X[:M].clone(), X[M : M + M2].clone(), ps.Gaussian(0.1), odvgp=True)
+    before = gp.q_v.u_loc.detach().clone()
+    state = fit(gp, X, y, num_steps=40, batch_size=25, lr=0.02, natgrad_lr=0.5, progress=False)
+    assert state.losses[-1] < state.losses[0]
+    assert not torch.equal(gp.q_v.u_loc.detach(), before)  # Adam trained the mean-only q(v⊥)
