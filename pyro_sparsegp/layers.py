@@ -99,15 +99,20 @@ def _claim_store_names(name: str) -> None:
 
 
 class UntrainableWarning(UserWarning):
-    """A configuration whose ELBO is right but gives no gradient to the parameters (see :class:`SVGP`)."""
+    """A configuration whose ELBO is right but gives no gradient to the parameters (see :class:`SVGP`).
+    A warning: implements no paper equation."""
 
 
 class ParamStoreWarning(UserWarning):
-    """A module replaced stale entries of Pyro's global parameter store (see :func:`_claim_store_names`)."""
+    """A module replaced stale entries of Pyro's global parameter store (see :func:`_claim_store_names`).
+    A warning: implements no paper equation."""
 
 
 def as_inputs(f: torch.Tensor, num_outputs: int | None) -> torch.Tensor:
-    """A layer's ``f`` as the next layer's inputs ``[..., B, D]`` (see :meth:`SVGP.sample_hidden`)."""
+    """A layer's ``f`` as the next layer's inputs ``[..., B, D]`` (see :meth:`SVGP.sample_hidden`): ``f [..., L, B]``
+    becomes ``[..., 1, B, L]`` (``[L, B]`` becomes ``[B, L]``), a single output ``[..., B]`` becomes ``[..., B, 1]``.
+    The layer-to-layer propagation of the doubly stochastic deep GP (Salimbeni and Deisenroth 2017), where each
+    layer's sampled outputs are the next layer's inputs; a reshaping only, no equation of its own."""
     if num_outputs is None:
         return f.unsqueeze(-1)
     h = f.mT
@@ -327,7 +332,8 @@ class SVGP(PyroModule):
 
     @layer_method
     def qf(self, X: torch.Tensor, consume: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Marginals of ``q(f)`` at ``X`` (Hensman 2015 eq. 8): ``(mean, var)``."""
+        """Marginals of ``q(f)`` at ``X`` ``[..., B, D]`` (Hensman 2015 eq. 8): ``(mean, var)``, each ``[..., B]``
+        for a single output or ``[..., L, B]`` for ``L`` outputs (the mean function added to the mean)."""
         Luu, W, kdiag = self._stats(X, consume)
         loc, var = cond.qf_marginals(W, kdiag, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
         return loc + self._mean(X), var
@@ -350,7 +356,11 @@ class SVGP(PyroModule):
 
     @layer_method(guide_arg="guide")
     def sample_u(self, guide: bool = False) -> torch.Tensor:
-        """Sample site ``<name>.u`` from ``p(u)`` (model) or ``q(u)`` (guide). Call outside the data plate."""
+        """Sample site ``<name>.u`` from ``p(u)`` (model) or ``q(u)`` (guide). Call outside the data plate.
+        Returns ``u`` ``[..., M]`` (single output) or ``[..., L, 1, M]`` (one row per output: the outputs plate is at
+        ``dim=-2`` of the batch shape, so a singleton precedes the event dimension ``M``);
+        with ``whiten=True`` the site is the whitened ``v`` with prior ``N(0, I)``. The inducing variables of
+        Hensman, Fusi, Lawrence 2013 (section 3.1, with :math:`q(u) = N(m, S)`)."""
         draw_hyperparameters(self)  # PyroSample hyperparameters are sites here, outside the data plate
         with self._outputs_plate(new=True):
             if guide:
@@ -412,7 +422,10 @@ class SVGP(PyroModule):
     @layer_method
     def model(self, X, y=None, *, subsample_size=None, num_data=None):
         """Generative model. ``subsample_size``: the plate draws a minibatch of ``X``; ``num_data``: ``X`` already
-        is a minibatch of a data set of that size (the likelihood is scaled by ``num_data / len(X)``)."""
+        is a minibatch of a data set of that size (the likelihood is scaled by ``num_data / len(X)``).
+        ``X`` ``[..., N, D]``; ``y`` ``[..., N]`` (single output) or ``[..., N, L]``; returns ``f`` ``[..., B]`` or
+        ``[..., L, B]`` (the moments ``(loc, var)`` when ``integrate_f``). With :meth:`guide`, ``Trace_ELBO``
+        estimates the bound of Hensman, Matthews, Ghahramani 2015, eq. 21."""
         self._check_data(X, y, subsample_size, num_data)
         u = self.sample_u()
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
@@ -428,7 +441,9 @@ class SVGP(PyroModule):
     @layer_method
     def guide(self, X, y=None, *, subsample_size=None, num_data=None):
         """Variational distribution: ``q(u) p(f | u)``. Returns the drawn latent values by site name (a dict, as
-        Pyro's autoguides do, so that it can be a part of ``AutoGuideList``)."""
+        Pyro's autoguides do, so that it can be a part of ``AutoGuideList``). ``X`` ``[..., N, D]``, ``y`` as in
+        :meth:`model`; ``u`` ``[..., M]`` or ``[..., L, 1, M]``, ``f`` ``[..., B]`` or ``[..., L, B]`` (Hensman,
+        Matthews, Ghahramani 2015, eq. 21: :math:`q(f) = \\int p(f|u) q(u) du`)."""
         self._check_data(X, y, subsample_size, num_data)
         u = self.sample_u(guide=True)
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:

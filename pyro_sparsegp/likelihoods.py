@@ -35,7 +35,10 @@ def _check_finite(name, t):
 
 class Likelihood(PyroModule):
     """Base class. Subclasses define :meth:`distribution` and ``support``; may override
-    :meth:`expected_log_prob` and :meth:`predictive` with closed forms.
+    :meth:`expected_log_prob` and :meth:`predictive` with closed forms. Element-wise likelihoods take ``f`` and the
+    marginals ``f_loc``, ``f_var`` of shape ``[..., B]`` and observations ``y`` ``[..., B]``. The expected
+    log-likelihood is the data term of the bound of Hensman, Matthews, Ghahramani 2015, eq. 21, integrated by
+    Gauss-Hermite quadrature (their section 4).
 
     :param int num_gh: number of Gauss-Hermite nodes of the generic expected log-likelihood.
     """
@@ -56,7 +59,8 @@ class Likelihood(PyroModule):
         (``log sigmoid``, ``log Phi``) make the quadrature converge slowly in the width of q(f): measured for
         Bernoulli (worst over means within 3 sd), 20 nodes err by 1.4e-6 nats at sd 2, 6.7e-4 at sd 4, 2.5e-3 at
         sd 5, 1.8e-2 at sd 8; the rule keeps it to 3e-5 at sd 4, 1e-4 at sd 5, 3e-4 at sd 8, 1.4e-3 at sd 12
-        (capped at 100 nodes, 1e-2 at sd 20)."""
+        (capped at 100 nodes, 1e-2 at sd 20). ``f_var`` has any shape (``[..., B]``); returns an ``int``.
+        Implements no paper equation: a numerical rule for the quadrature of Hensman et al. 2015, section 4."""
         if f_var.numel() == 0:
             return self.num_gh
         sd = float(f_var.detach().max().clamp(min=0).sqrt())
@@ -71,15 +75,18 @@ class Likelihood(PyroModule):
 
     # -- the observation model ---------------------------------------------------------------------------------
     def distribution(self, f: torch.Tensor) -> dist.Distribution:
-        """Distribution of ``y`` given ``f`` ``[..., B]``; batch shape ``[..., B]``."""
+        """Distribution of ``y`` given ``f`` ``[..., B]``; batch shape ``[..., B]``. The factor
+        :math:`p(y_n | f_n)` of the factorising likelihood (Hensman et al. 2015, section 4)."""
         raise NotImplementedError
 
     def y_shape(self, f_shape: torch.Size) -> torch.Size:
-        """Batch shape of ``y`` for latent values of shape ``f_shape``."""
+        """Batch shape of ``y`` for latent values of shape ``f_shape`` (``[..., B]`` gives ``[..., B]`` for
+        element-wise likelihoods). Shape bookkeeping only: implements no paper equation."""
         return torch.Size(f_shape)
 
     def check_y(self, y: torch.Tensor) -> None:
-        """Raise ``ValueError`` if ``y`` is not finite or outside the support."""
+        """Raise ``ValueError`` if ``y`` (any shape, e.g. ``[..., B]``) is not finite or outside the support.
+        An argument check: implements no paper equation (see the class docstring for the section it serves)."""
         _check_finite("y", y)
         if not bool(self.support.check(y).all()):
             raise ValueError(f"y has values outside the support of {type(self).__name__} ({self.support})")
@@ -95,27 +102,34 @@ class Likelihood(PyroModule):
 
     def guide(self, qf, prefix: str = "gp") -> None:
         """Guide side, inside the data plate: sample the variational distributions of auxiliary sites, if any.
-        ``qf()`` returns the marginals ``(f_loc, f_var)`` of q(f) on the minibatch. The default has none."""
+        ``qf()`` returns the marginals ``(f_loc, f_var)``, each ``[..., B]``, of q(f) on the minibatch (Hensman et
+        al. 2015, eq. 8). The default has none."""
 
     # -- expectations under q(f) -----------------------------------------------------------------------------
     def quadrature_expected_log_prob(self, y, f_loc, f_var) -> torch.Tensor:
         r""":math:`\int N(f; \mu, \sigma^2) \log p(y|f) df \approx \sum_i w_i \log p(y | \mu + \sigma x_i)`
-        with :meth:`num_nodes` nodes."""
+        with :meth:`num_nodes` nodes (Hensman, Matthews, Ghahramani 2015, section 4: the one-dimensional integrals
+        of the expected log-likelihood in eq. 21). ``y``, ``f_loc``, ``f_var`` broadcast to ``[..., B]``; returns
+        ``[..., B]``."""
         x, w = gauss_hermite(self.num_nodes(f_var), f_loc.dtype, f_loc.device)
         f = f_loc.unsqueeze(-1) + f_var.sqrt().unsqueeze(-1) * x  # [..., B, n]
         logp = self.distribution(f).log_prob(self._as_values(y, f_loc).unsqueeze(-1))
         return (logp * w).sum(-1)
 
     def expected_log_prob(self, y, f_loc, f_var) -> torch.Tensor:
-        """:math:`E_{N(f; f_{loc}, f_{var})}[\\log p(y|f)]`, shape ``y_shape(f_loc.shape)``."""
+        """:math:`E_{N(f; f_{loc}, f_{var})}[\\log p(y|f)]`, shape ``y_shape(f_loc.shape)``: the per-point
+        expected log-likelihood of Hensman, Matthews, Ghahramani 2015, eq. 21 (by quadrature, section 4)."""
         return self.quadrature_expected_log_prob(y, f_loc, f_var)
 
     def predictive(self, f_loc, f_var) -> dist.Distribution:
-        """Predictive distribution of ``y*`` given ``q(f*) = N(f_loc, f_var)``."""
+        """Predictive distribution of ``y*`` given ``q(f*) = N(f_loc, f_var)``, ``f_loc``, ``f_var`` ``[..., B]``;
+        batch shape ``[..., B]``. :math:`p(y_*) = \\int p(y_*|f_*) q(f_*) df_*` with :math:`q(f_*)` the marginal
+        of Hensman et al. 2015, eq. 8."""
         raise NotImplementedError
 
     def predictive_log_prob(self, y, f_loc, f_var) -> torch.Tensor:
-        """:math:`\\log \\int p(y|f) N(f; f_{loc}, f_{var}) df` (test log-likelihood)."""
+        """:math:`\\log \\int p(y|f) N(f; f_{loc}, f_{var}) df` (test log-likelihood), with :math:`q(f)` the
+        marginal of Hensman et al. 2015, eq. 8; ``y``, ``f_loc``, ``f_var`` ``[..., B]``, returns ``[..., B]``."""
         return self.predictive(f_loc, f_var).log_prob(y)
 
 
@@ -123,7 +137,8 @@ class Gaussian(Likelihood):
     r""":math:`y = f + \epsilon`, :math:`\epsilon \sim N(0, \sigma^2)` with learnable ``noise`` :math:`\sigma^2`.
 
     Expected log-likelihood (Hensman, Fusi, Lawrence 2013, eq. 4):
-    :math:`\log N(y; \mu, \sigma^2) - v / (2\sigma^2)`.
+    :math:`\log N(y; \mu, \sigma^2) - v / (2\sigma^2)`. ``f``, ``y`` and the marginals ``[..., B]``; ``noise``
+    is a scalar ``()``. The predictive is :math:`N(y_*; \mu, v + \sigma^2)` with batch shape ``[..., B]``.
     """
 
     def __init__(self, noise: float | torch.Tensor = 1.0, num_gh: int = 20):
@@ -150,7 +165,8 @@ class Gaussian(Likelihood):
 class Bernoulli(Likelihood):
     r"""Binary labels ``y`` in ``{0, 1}`` with :math:`p(y=1|f) = \Phi(f)` (``link="probit"``) or
     :math:`\sigma(f)` (``link="logit"``). Expected log-likelihood by Gauss-Hermite (Hensman 2015, section 4);
-    the probit predictive is closed form, :math:`\Phi(\mu / \sqrt{1 + v})`.
+    the probit predictive is closed form, :math:`\Phi(\mu / \sqrt{1 + v})`; the logit predictive is by
+    Gauss-Hermite. ``f``, ``y`` and the marginals ``[..., B]``; distributions have batch shape ``[..., B]``.
     """
 
     support = constraints.boolean
@@ -189,6 +205,7 @@ class PolyaGammaLogit(Bernoulli):
     constant: at the optimum its gradient vanishes). ``Trace_ELBO`` then estimates the augmented bound
     :func:`pyro_sparsegp.bounds.polya_gamma.pg_bound`; ``TraceMeanField_ELBO`` evaluates its KLs in closed form.
     ``distribution``, ``expected_log_prob`` and ``predictive`` are those of the plain logit likelihood.
+    ``f``, ``y``, ``omega`` and the marginals of q(f) are ``[..., B]``.
     """
 
     def __init__(self, num_gh: int = 20):
@@ -207,12 +224,16 @@ class PolyaGammaLogit(Bernoulli):
     def expected_log_prob(self, y, f_loc, f_var):
         """The augmented bound's per-point term at the optimal ``c = sqrt(E f^2)`` (closed form, equal to the
         Jaakkola-Jordan bound): a lower bound of the logit expected log-likelihood, which is what the paper
-        maximises. The exact logit expectation is :meth:`quadrature_expected_log_prob`."""
+        maximises. The exact logit expectation is :meth:`quadrature_expected_log_prob`. ``y``, ``f_loc``,
+        ``f_var`` ``[..., B]``; returns ``[..., B]``."""
         from .bounds.polya_gamma import jaakkola_jordan_bound, optimal_c
 
         return jaakkola_jordan_bound(self._as_values(y, f_loc), f_loc, f_var, optimal_c(f_loc, f_var))
 
     def guide(self, qf, prefix="gp"):
+        """Sample :math:`\\omega_n \\sim \\mathrm{PG}(1, c_n)` at ``<prefix>.omega``, shape ``[..., B]``, with
+        the optimal :math:`c_n = \\sqrt{\\mathbb{E}_q f_n^2}` from ``qf()``'s marginals ``[..., B]`` (Wenzel et
+        al. 2019, optimal local parameter of the augmented bound)."""
         from .bounds.polya_gamma import optimal_c
         from .distributions import PolyaGamma
 

@@ -126,6 +126,9 @@ class RobustMax(_MultiClass):
     to a common scaling of the latent functions: with ``whiten=True`` it does not depend on the kernel's variance at
     all (zero gradient); with ``whiten=False`` only the KL term does.
 
+    Shapes: ``f`` and the marginals ``f_loc``, ``f_var`` are ``[..., K, B]``; labels ``y`` are ``[..., 1, B]`` (or
+    ``[..., B]``); :meth:`expected_log_prob` returns ``[..., 1, B]``.
+
     :param int num_classes: ``K`` (at least 2).
     :param float epsilon: labelling-error probability in ``(0, 1)``, a fixed float (not learnt); default ``1e-3``
         (Villacampa-Calvo and Hernández-Lobato fix it at the value Hensman et al. 2015 suggest; the number is lost
@@ -221,6 +224,9 @@ class Softmax(_MultiClass):
     :meth:`predictive` averages :math:`\mathrm{softmax}(f)` over ``num_samples`` draws, which is unbiased for the
     predictive probabilities (its log, the test log-likelihood, is biased low by Jensen's inequality, less so for
     more samples). Unlike robust-max, softmax is smooth in ``f``, so a sampled ``f`` site also trains the kernel.
+
+    Shapes: ``f`` and the marginals ``f_loc``, ``f_var`` are ``[..., K, B]``; labels ``y`` are ``[..., 1, B]`` (or
+    ``[..., B]``); :meth:`expected_log_prob` returns ``[..., 1, B]``.
 
     :param int num_classes: ``K`` (at least 2).
     :param int num_samples: Monte-Carlo draws per evaluation.

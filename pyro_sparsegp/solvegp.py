@@ -232,13 +232,18 @@ class SOLVEGP(SVGP):
 
     @layer_method
     def sample_f_perp(self, X, v, guide: bool = False):
-        """Sample site ``<name>.f_perp ~ p⊥(f⊥ | v⊥)`` at ``X``; call inside the data plate, in model and guide."""
+        """Sample site ``<name>.f_perp ~ p⊥(f⊥ | v⊥)`` at ``X`` ``[..., B, D]``; call inside the data plate, in model
+        and guide. ``v`` is ``v⊥`` ``[..., M2]`` (``[..., L, 1, M2]`` for ``L`` outputs); returns ``f⊥`` ``[..., B]``
+        (``[..., L, B]``). The factor :math:`p_\\perp(f_\\perp | v_\\perp)` of the variational distribution
+        :math:`q(u) q(v_\\perp) p_\\perp(f_\\perp | v_\\perp)` of Shi, Titsias, Mnih 2020, section 3.3 (it cancels in
+        the bound, eq. 8)."""
         with self._outputs_plate():
             return pyro.sample(f"{self.name}.f_perp", self.orthogonal_conditional(X, v, consume=not guide))
 
     @layer_method
     def qf(self, X, consume=False):
-        """Marginals of q(f) at ``X``: eqs. 37-38 (diagonal), i.e. algorithm 1 lines 5-7."""
+        """Marginals of q(f) at ``X`` ``[..., B, D]``: eqs. 37-38 (diagonal), i.e. algorithm 1 lines 5-7 (Shi, Titsias,
+        Mnih 2020). Returns ``(loc, var)``, each ``[..., B]`` (``[..., L, B]`` for ``L`` outputs)."""
         Luu, Lc, B, D, kdiag = self._stats(X, consume)
         lu, vu = cond.qf_terms(B, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
         lv, vv = cond.qf_terms(D, self.q_v.u_loc, self._v_scale(Lc), None if self.whiten else Lc)
@@ -254,7 +259,7 @@ class SOLVEGP(SVGP):
 
     def kl_divergence(self, consume: bool = False):
         """KL[q(u) || p(u)] + KL[q(v⊥) || p(v⊥)] (eqs. 35-36); ``consume=True`` reuses the factors of the last
-        :meth:`qf`."""
+        :meth:`qf`. Shape ``()`` for a single output, ``[L, 1]`` (one term per output) for ``L`` outputs."""
         kl = torch.distributions.kl_divergence
         Luu = Lc = None
         if not self.whiten:
@@ -264,7 +269,10 @@ class SOLVEGP(SVGP):
     # -- sites --------------------------------------------------------------------------------------------------
     @layer_method(guide_arg="guide")
     def sample_u(self, guide: bool = False):
-        """Sample sites ``<name>.u`` and ``<name>.v`` from the priors (model) or ``q`` (guide); returns ``(u, v)``."""
+        """Sample sites ``<name>.u`` and ``<name>.v`` from the priors (model) or ``q`` (guide); returns ``(u, v)``,
+        ``u`` ``[..., M]`` and ``v`` ``[..., M2]`` for a single output, ``[..., L, 1, M]`` and ``[..., L, 1, M2]`` for
+        ``L`` outputs (whitened ``u'``, ``v'`` when ``whiten=True``, appendix F). The global factors
+        :math:`q(u) q(v_\\perp)` / :math:`p(u) p_\\perp(v_\\perp)` of Shi, Titsias, Mnih 2020, eq. 8."""
         draw_hyperparameters(self)  # PyroSample hyperparameters are sites here, outside the data plate
         with self._outputs_plate(new=True):
             if guide:
