@@ -51,11 +51,14 @@ _MAX_HALVINGS = 30
 
 
 class NatGradDampingWarning(UserWarning):
-    """A natural-gradient step was shortened so that the new precision of q(u) stays positive definite."""
+    """A natural-gradient step was shortened so that the new precision of q(u) stays positive definite.
+    A warning about the package's damping rule (module docstring): implements no paper equation."""
 
 
 def check_natgrad_lr(lr) -> float:
-    """``lr`` as a float in ``(0, 1]``, else ``ValueError`` naming the range."""
+    """``lr`` as a float in ``(0, 1]``, else ``ValueError`` naming the range. ``lr`` is a number or a one-element
+    tensor (any shape with one element, e.g. ``()``); returns a Python float. The step length :math:`\\ell` of
+    Hensman, Fusi, Lawrence 2013, section 3.2 (an argument check: implements no equation of its own)."""
     if isinstance(lr, torch.Tensor) and lr.numel() == 1:
         lr = lr.item()
     if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (0.0 < float(lr) <= 1.0):
@@ -158,7 +161,10 @@ def _squeeze_outputs(svgp, Luu, W, kdiag):
 
 def gaussian_natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 1.0, num_data: int | None = None):
     """Closed-form natural-gradient step for q(u) of an :class:`~pyro_sparsegp.SVGP` with a Gaussian likelihood
-    on the minibatch ``(X, y)`` of a data set of ``num_data`` points (default: ``len(X)``, the full batch)."""
+    on the minibatch ``(X, y)`` of a data set of ``num_data`` points (default: ``len(X)``, the full batch).
+    ``X`` ``[B, D]``; ``y`` ``[B]`` (single output) or ``[B, L]``. Updates q(u) in place; returns nothing.
+    Hensman, Fusi, Lawrence 2013, section 3.2 (eq. 6 and the step below it), with the gradient terms of their eqs.
+    5-6 scaled by ``num_data / B`` (see the module docstring)."""
     if not isinstance(svgp.likelihood, Gaussian):
         raise TypeError("gaussian_natgrad_step needs a Gaussian likelihood; use natgrad_step")
     lr = check_natgrad_lr(lr)
@@ -176,7 +182,11 @@ def gaussian_natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 1.
 
 def natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 0.1, num_data: int | None = None):
     """Natural-gradient step for q(u) of an :class:`~pyro_sparsegp.SVGP` with any likelihood (expected
-    log-likelihood by the likelihood's quadrature or closed form). See the module docstring (damping)."""
+    log-likelihood by the likelihood's quadrature or closed form). See the module docstring (damping).
+    ``X`` ``[B, D]``; ``y`` ``[B]`` (single output) or ``[B, L]`` (``[B]`` class labels for a multi-class
+    likelihood). Updates q(u) in place; returns nothing. The step :math:`\\theta \\leftarrow \\theta + \\ell\\,
+    \\partial\\mathcal{L}/\\partial\\eta` of Hensman, Fusi, Lawrence 2013, section 3.2 (eq. 6), with the
+    likelihood term's gradient by automatic differentiation (Hensman, Matthews, Ghahramani 2015, eq. 21 data term)."""
     lr = check_natgrad_lr(lr)
     _check_step_data(svgp, X, y)
     with torch.no_grad():
@@ -213,6 +223,9 @@ def polya_gamma_natgrad_step(svgp, X, y, lr: float = 1.0, num_data: int | None =
     :math:`\bar\omega_n = \mathbb{E}_{\mathrm{PG}(1,c_n)}[\omega] = \tanh(c_n/2)/(2c_n)`. (The poster prints
     :math:`\theta_n = \tanh(c_n/2)/(4c_n)`; differentiating the bound gives the PG mean above, and the test
     against the dense optimum confirms it.) ``c`` fixes the local parameters instead of updating them first.
+
+    Shapes: ``X`` ``[B, D]``, ``y`` ``[B]`` (or ``[B, L]``), ``c`` ``[B]`` (``[L, B]``); :math:`\kappa` is
+    ``[B, M]``. Updates q(u) in place; returns nothing.
     """
     lr = check_natgrad_lr(lr)
     _check_step_data(svgp, X, y)
@@ -234,7 +247,7 @@ def polya_gamma_natgrad_step(svgp, X, y, lr: float = 1.0, num_data: int | None =
 
 def natgrad_step_for(likelihood):
     """The natural-gradient step that fits a likelihood: closed form for Gaussian and Pólya-Gamma logit,
-    the autograd step otherwise."""
+    the autograd step otherwise (Hensman, Fusi, Lawrence 2013, section 3.2; Wenzel et al. 2019)."""
     if isinstance(likelihood, Gaussian):
         return gaussian_natgrad_step
     if isinstance(likelihood, PolyaGammaLogit):
@@ -358,7 +371,9 @@ def natgrad_families(module) -> list:
     """The variational families that natural-gradient steps train: every full-covariance
     :class:`~pyro_sparsegp.variational.GaussianQ` in ``module`` (q(u) of an SVGP; q(u) and q(v⊥) of a SOLVE-GP;
     ODVGP's mean-only q(v⊥) is not one and stays with the ordinary optimiser). A module may choose its own with a
-    ``natgrad_families()`` method (:class:`~pyro_sparsegp.DeepGP`: the last layer's q(u) only)."""
+    ``natgrad_families()`` method (:class:`~pyro_sparsegp.DeepGP`: the last layer's q(u) only). Returns a list of
+    modules (each with ``u_loc`` ``[..., M]`` and ``u_scale_tril`` ``[..., M, M]``); the families whose natural
+    parameters the step of Hensman, Fusi, Lawrence 2013, section 3.2, updates."""
     from ..variational import GaussianQ
 
     if hasattr(module, "natgrad_families"):
