@@ -37,7 +37,8 @@ __all__ = ["plate", "layer_method", "sampled_attributes", "current_trace", "valu
 def sampled_attributes(module, names: bool = True) -> list[tuple[object, str, str | None]]:
     """``(submodule, attribute, site name)`` for every ``PyroSample`` attribute of ``module`` and its
     PyroModule children (the kernel, the likelihood, mean functions); ``names=False`` leaves the site names out
-    (they are defined only once the module has been called)."""
+    (they are defined only once the module has been called). Takes and returns no tensor, so shapes do not
+    apply."""
     out = []
     for sub in module.modules():
         samples = sub.__dict__.get("_pyro_samples")
@@ -48,7 +49,8 @@ def sampled_attributes(module, names: bool = True) -> list[tuple[object, str, st
 
 
 def current_trace():
-    """The trace being recorded by the innermost ``poutine.trace`` (``None`` outside any)."""
+    """The trace being recorded by the innermost ``poutine.trace`` (``None`` outside any). Takes and returns no
+    tensor, so shapes do not apply."""
     for frame in reversed(_PYRO_STACK):
         if isinstance(frame, TraceMessenger):
             return frame.trace
@@ -98,7 +100,8 @@ def _seed_context(module, guide: bool | None = None) -> None:
 def layer_method(fn=None, *, guide_arg: str | None = None):
     """Like :func:`pyro.nn.pyro_method`, and seeds the module's context with the values that the traced program
     already drew for its ``PyroSample`` attributes (see the module docstring). ``guide_arg``: name of a boolean
-    argument that says the call is the guide's (then a missing draw is an error)."""
+    argument that says the call is the guide's (then a missing draw is an error). A decorator: it leaves the
+    wrapped method's argument and return shapes unchanged."""
 
     def wrap(fn):
         @functools.wraps(fn)
@@ -138,7 +141,8 @@ class _Same:
 
 def values_key(module) -> tuple:
     """Key of everything that enters a layer's covariances: each parameter's storage and version, each sampled
-    hyperparameter's value (by identity), and the grad mode. Call inside the module's context."""
+    hyperparameter's value (by identity), and the grad mode. Call inside the module's context. Returns a tuple
+    of identities and versions, not a tensor, so shapes do not apply."""
     key = tuple((p.data_ptr(), p._version) for p in module.parameters())
     sampled = tuple(_Same(getattr(sub, name)) for sub, name, _ in sampled_attributes(module))
     return key + sampled + (torch.is_grad_enabled(),)
@@ -146,7 +150,8 @@ def values_key(module) -> tuple:
 
 def check_plate_alignment(f: torch.Tensor, site: str, outputs_dim: int | None = None) -> None:
     """Raise ``ValueError`` if ``f`` has a batch dimension of size > 1 that no active plate owns (other than the
-    layer's outputs dimension ``outputs_dim``), or more dimensions than the outermost plate reaches."""
+    layer's outputs dimension ``outputs_dim``), or more dimensions than the outermost plate reaches. ``f`` is a
+    site's value or location, ``[..., B]`` or ``[..., L, B]`` (``outputs_dim=-2``)."""
     plates = {}
     for frame in _PYRO_STACK:
         if isinstance(frame, PlateMessenger) and frame.dim is not None:
@@ -207,7 +212,10 @@ def plate(name: str, size: int, subsample_size: int | None = None, dim: int | No
     ``AutoGuideList`` (the layers' own ``model``/``guide`` use it; use it for a data plate you own in a guide that
     sits beside autoguides). A drawn plate of another size, or with another number of indices than asked for, is
     refused with a ``ValueError``: its indices belong to other data (AutoGuideList draws its plates from the first
-    call's arguments unless given ``create_plates``)."""
+    call's arguments unless given ``create_plates``).
+
+    Entering it yields the minibatch indices, a long tensor of shape ``[subsample_size]`` (``[size]`` when not
+    subsampled), as ``pyro.plate`` does."""
     trace = current_trace()
     node = None if trace is None else trace.nodes.get(name)
     if node is not None and node["type"] == "sample" and subsample is None:

@@ -39,7 +39,8 @@ def _type_name(x) -> str:
 
 
 def check_tensor(x, name: str, dtype: torch.dtype | None = None, floating: bool = True) -> None:
-    """``x`` is a tensor, floating point (if ``floating``) and of ``dtype`` (if given); else ``TypeError``."""
+    """``x`` is a tensor, floating point (if ``floating``) and of ``dtype`` (if given); else ``TypeError``.
+    ``x`` may have any shape; it is not checked."""
     if not isinstance(x, torch.Tensor):
         fix = f"torch.as_tensor({name}, dtype={dtype or torch.get_default_dtype()})"
         raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(x)}; convert it with {fix}")
@@ -111,7 +112,8 @@ def _param_dtypes(module):
 
 
 def check_module_args(kernel, Z, likelihood=None, num_outputs=None, jitter=None) -> None:
-    """Arguments of the :class:`~pyro_sparsegp.SVGP` constructor (see the module docstring)."""
+    """Arguments of the :class:`~pyro_sparsegp.SVGP` constructor (see the module docstring): ``Z`` a floating tensor,
+    ``[M, D]`` or ``[L, M, D]`` with ``M >= 1`` and ``D >= 1``."""
     from .likelihoods import Likelihood
 
     dtype = torch.get_default_dtype()
@@ -158,7 +160,8 @@ def check_module_args(kernel, Z, likelihood=None, num_outputs=None, jitter=None)
 
 
 def check_orthogonal_inputs(O, Z) -> None:
-    """``O`` of :class:`~pyro_sparsegp.SOLVEGP`: a non-empty floating tensor in ``Z``'s dtype."""
+    """``O`` of :class:`~pyro_sparsegp.SOLVEGP`: a non-empty floating tensor in ``Z``'s dtype, ``[M2, D]`` or
+    ``[L, M2, D]`` (``M2 >= 1``)."""
     check_tensor(O, "O", Z.dtype)
     if O.dim() in (2, 3) and (O.shape[-2] == 0 or O.shape[-1] == 0):
         raise ValueError(f"O must hold at least one orthogonal inducing input, got shape {tuple(O.shape)}")
@@ -166,7 +169,8 @@ def check_orthogonal_inputs(O, Z) -> None:
 
 def check_data(module, X, y, subsample_size=None, num_data=None, purpose="model") -> None:
     """Data given to ``model``/``guide`` (``purpose="model"``), ``analytic_elbo`` (``"elbo"``: ``y`` required) or
-    ``predict`` (``"predict"``: no rows is fine): types, dtype, rows, minibatch arguments."""
+    ``predict`` (``"predict"``: no rows is fine): types, dtype, rows, minibatch arguments. ``X`` ``[..., N, D]``,
+    ``y`` ``[..., N]`` (or ``[..., N, L]``); the layer checks the exact shapes against its ``D`` and ``L``."""
     dtype = module.Z.dtype
     check_tensor(X, "X", dtype)
     if y is None and purpose == "elbo":
