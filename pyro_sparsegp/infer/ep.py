@@ -158,7 +158,8 @@ def ep_refine(mu_a, v_a, mu_k, v_k, d_a, d_k):
 # -- state -----------------------------------------------------------------------------------------------------
 @dataclass
 class EPState:
-    """State of :func:`fit_ep`.
+    """State of :func:`fit_ep`: the approximate factors of Villacampa-Calvo and Hernández-Lobato 2017, eq. 18
+    (EP), or their tied product (SEP, stochastic EP, their section 2).
 
     EP: ``sites = (C1y, C2y, C1c, C2c)``, each ``[N, K]`` (zero at ``(i, y_i)``); with minibatches also ``ups``
     ``[K, N, M]``, the directions ``upsilon_i = K^{-1} k(Z, x_i)`` each site was formed with (the paper's R code
@@ -179,13 +180,18 @@ class EPState:
     updated: int = 0
 
     def state_bytes(self) -> int:
-        """Bytes held by the approximate factors (what grows with ``N`` for EP and not for SEP)."""
+        """Bytes held by the approximate factors (what grows with ``N`` for EP and not for SEP): the summed
+        ``numel * element_size`` of the tensors above (``[N, K]`` sites, ``[K, N, M]`` directions, ``[K, M, M]``
+        and ``[K, M]`` sums); returns an ``int``. The memory cost compared in Villacampa-Calvo and Hernández-Lobato
+        2017, section 2 (SEP reduces it by a factor of ``N``)."""
         ts = [t for t in (*(self.sites or ()), self.ups, self.Lam, self.eta) if t is not None]
         return sum(t.numel() * t.element_size() for t in ts)
 
     @property
     def time_per_iteration(self) -> float:
-        """Median seconds per iteration (refinement + hyper-parameter step)."""
+        """Median seconds per iteration (refinement + hyper-parameter step), a Python float (no tensor, so
+        shapes do not apply). Implements no paper equation; the training-time measure of Villacampa-Calvo and
+        Hernández-Lobato 2017, section 4."""
         s = sorted(self.seconds)
         return s[len(s) // 2] if s else float("nan")
 

@@ -83,7 +83,9 @@ def mfsp_bound(module, X: torch.Tensor, y: torch.Tensor, a: torch.Tensor) -> tor
 
 @dataclass
 class MFSpState:
-    """Result of :func:`fit_mfsp`: the free means ``a`` ``[N]`` and the bound after each L-BFGS evaluation."""
+    """Result of :func:`fit_mfsp`: the free means ``a`` ``[N]`` and the bound after each L-BFGS evaluation.
+    ``a_n`` are the means of the optimal truncated-Gaussian factors :math:`q(g_n)` of Hensman, Matthews, Ghahramani
+    2015, section 3.1, eq. 11."""
 
     a: torch.Tensor
     bounds: list = field(default_factory=list)
@@ -122,7 +124,8 @@ def fit_mfsp(
     learn_hyperparameters: bool = True,
     frozen_iters: int = 50,
 ) -> MFSpState:
-    """Fit MFSp (module docstring) to ``module`` = ``SVGP(kernel, Z, Bernoulli("probit"))`` and write ``q(u)``.
+    """Fit MFSp (module docstring) to ``module`` = ``SVGP(kernel, Z, Bernoulli("probit"))`` and write ``q(u)``:
+    the sparse mean-field method of Hensman, Matthews, Ghahramani 2015, section 3.1 (factors of eq. 11).
 
     :param X: ``[N, D]``. :param y: ``[N]`` in ``{0, 1}``.
     :param num_iters: L-BFGS iterations on ``(a, kernel, Z)`` jointly.
