@@ -30,7 +30,9 @@ __all__ = ["MeanFunction", "Zero", "Constant", "Linear", "Identity", "FixedProje
 
 class MeanFunction(PyroModule):
     """Base class: ``forward(X [..., B, D_in]) -> [..., B, D_out]``. ``out_dim`` is ``D_out`` (``None``: the
-    input's width, for :class:`Identity`)."""
+    input's width, for :class:`Identity`). The prior mean :math:`m(x)` of a layer's GP, added to the mean of
+    q(f); the papers the package follows take it zero (Hensman et al. 2013, 2015) or linear in the hidden layers of
+    a deep GP (Salimbeni & Deisenroth 2017). The base class implements no paper equation itself."""
 
     out_dim: int | None = None
 
@@ -39,7 +41,9 @@ class MeanFunction(PyroModule):
 
 
 class Zero(MeanFunction):
-    """``m(x) = 0`` with ``D_out = out_dim`` outputs (the default of every layer when no mean function is given)."""
+    """``m(x) = 0`` with ``D_out = out_dim`` outputs (the default of every layer when no mean function is given):
+    ``X`` ``[..., B, D_in]`` -> zeros ``[..., B, D_out]``. The zero prior mean of Hensman, Fusi, Lawrence 2013 and
+    Hensman, Matthews, Ghahramani 2015."""
 
     def __init__(self, out_dim: int = 1):
         super().__init__()
@@ -50,7 +54,8 @@ class Zero(MeanFunction):
 
 
 class Constant(MeanFunction):
-    """``m(x) = c`` with a trained ``c`` ``[D_out]`` (initial value ``value``)."""
+    """``m(x) = c`` with a trained ``c`` ``[D_out]`` (initial value ``value``): ``X`` ``[..., B, D_in]`` ->
+    ``[..., B, D_out]``. A convenience prior mean: implements no paper equation."""
 
     def __init__(self, out_dim: int = 1, value: float | torch.Tensor = 0.0):
         super().__init__()
@@ -64,7 +69,8 @@ class Constant(MeanFunction):
 
 class Linear(MeanFunction):
     """``m(x) = x A + b`` with trained ``A`` ``[D_in, D_out]`` (initial ``A``, default zeros) and ``b`` ``[D_out]``
-    (default zeros)."""
+    (default zeros): ``X`` ``[..., B, D_in]`` -> ``[..., B, D_out]``. A linear prior mean, as Salimbeni & Deisenroth
+    2017 use in hidden layers (theirs fixed, see :class:`FixedProjection`; this one trained)."""
 
     def __init__(self, in_dim: int, out_dim: int, A: torch.Tensor | None = None, b: torch.Tensor | None = None):
         super().__init__()
@@ -83,7 +89,9 @@ class Linear(MeanFunction):
 
 
 class Identity(MeanFunction):
-    """``m(x) = x`` (``D_out = D_in``): the skip connection of a hidden layer that keeps its width."""
+    """``m(x) = x`` (``D_out = D_in``): the skip connection of a hidden layer that keeps its width, ``X``
+    ``[..., B, D]`` -> ``[..., B, D]``. The identity mean of the hidden layers of Salimbeni & Deisenroth 2017 when
+    the width is kept."""
 
     def forward(self, X):
         return X
