@@ -105,6 +105,10 @@ class DeepGP(PyroModule):
         samples the last layer's ``u`` and ``f`` (or, if the layer has ``integrate_f``, integrates ``f`` given
         ``u``).
     :param str name: prefix of the data plate.
+
+    Shapes: ``X`` ``[..., N, D_0]``; hidden layer ``l`` gives ``f`` ``[..., D_l, B]``, passed on as inputs
+    ``[..., 1, B, D_l]`` (:func:`~pyro_sparsegp.layers.as_inputs`); ``y`` as the last layer's ``model`` takes it
+    (``[..., N]``, or ``[..., N, L]`` for ``L`` outputs).
     """
 
     def __init__(self, layers, num_samples: int = 5, marginalize_last: bool = True, name: str = "dgp"):
@@ -140,20 +144,23 @@ class DeepGP(PyroModule):
     # -- accessors ----------------------------------------------------------------------------------------------
     @property
     def likelihood(self):
-        """The last layer's likelihood."""
+        """The last layer's likelihood (a module, not a tensor, so shapes do not apply)."""
         return self._stack[-1].likelihood
 
     @property
     def hidden(self) -> list:
+        """The hidden layers, first to last (a list of modules, not tensors, so shapes do not apply)."""
         return self._stack[:-1]
 
     @property
     def last(self) -> SVGP:
+        """The last layer, which carries the likelihood (a module, not a tensor, so shapes do not apply)."""
         return self._stack[-1]
 
     def natgrad_families(self) -> list:
         """The variational family that natural-gradient steps should train: the last layer's ``q(u)`` only
-        (Salimbeni et al. 2018 found natural gradients on inner layers unstable)."""
+        (Salimbeni et al. 2018 found natural gradients on inner layers unstable). Returns a list of modules, not
+        tensors, so shapes do not apply."""
         return [self.last.q_u]
 
     def _check_data(self, X, y):
@@ -192,7 +199,8 @@ class DeepGP(PyroModule):
     def model(self, X, y=None, *, subsample_size=None, num_data=None):
         """Generative model: ``u`` of every layer outside the data plate, then inside it each hidden layer's ``f`` at
         the sample of the layer below (``sample_hidden``) and ``y`` (module docstring). ``num_data``: ``X`` is a
-        minibatch of a data set of that size; ``subsample_size``: the plate draws a minibatch of ``X``."""
+        minibatch of a data set of that size; ``subsample_size``: the plate draws a minibatch of ``X``. ``X``
+        ``[..., N, D_0]``, ``y`` as in the class docstring; returns the observed ``y`` site's value."""
         self._check_data(X, y)
         us = [layer.sample_u() for layer in self._stack]
         last, lik = self.last, self.likelihood
@@ -211,7 +219,8 @@ class DeepGP(PyroModule):
     @layer_method
     def guide(self, X, y=None, *, subsample_size=None, num_data=None):
         """Variational distribution ``prod_l q(u_l) p(f_l | u_l, f_{l-1})``; returns the drawn latent values by site
-        name (a dict, so that it can be a part of ``AutoGuideList``)."""
+        name (a dict, so that it can be a part of ``AutoGuideList``). ``X`` ``[..., N, D_0]``; hidden ``f`` values
+        ``[..., D_l, B]`` (``[..., B]`` for a single output)."""
         self._check_data(X, y)
         us = [layer.sample_u(guide=True) for layer in self._stack]
         out = {}
