@@ -80,7 +80,7 @@ def qf_terms(
     Luu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The contribution of one set of inducing variables to the marginals of q(f): ``(a^T m, -a^T (K - S) a)``
-    (see :func:`qf_marginals`; Hensman, Matthews, Ghahramani 2015, eq. 8), unclamped so that contributions can be
+    (see :func:`qf_marginals`; Hensman, Matthews, Ghahramani 2015, eq. 19), unclamped so that contributions can be
     added (SOLVE-GP adds two: Shi, Titsias, Mnih 2020, eqs. 32-34). Shapes as in :func:`qf_marginals`: ``W``
     ``[..., M, B]``, ``u_loc`` ``[M]``, ``u_scale_tril`` ``[M, M]`` (``[L, ...]`` per output) -> two ``[..., B]`` (or
     ``[..., L, B]``)."""
@@ -92,7 +92,7 @@ def qf_terms(
 
 def clamp_var(var: torch.Tensor) -> torch.Tensor:
     """Clamp a variance at a tiny positive value (round-off can make ``k - a^T (K - S) a`` of Hensman, Matthews,
-    Ghahramani 2015, eq. 8, slightly negative): the square root of the dtype's smallest normal number. Element-wise,
+    Ghahramani 2015, eq. 19, slightly negative): the square root of the dtype's smallest normal number. Element-wise,
     any shape ``[...]``."""
     return var.clamp(min=torch.finfo(var.dtype).tiny ** 0.5)
 
@@ -107,7 +107,7 @@ def qf_marginals(
     r"""Marginals of :math:`q(f_n) = N(\mu_n, \sigma^2_n)` for :math:`q(u) = N(m, S)`,
     ``S = u_scale_tril u_scale_tril^T``.
 
-    Hensman, Matthews, Ghahramani (2015), eq. 8 (and Hensman, Fusi, Lawrence 2013, section 3):
+    Hensman, Matthews, Ghahramani (2015), eq. 19, diagonal (and Hensman, Fusi, Lawrence 2013, section 3):
 
     .. math:: \mu_n = a_n^T m, \qquad \sigma^2_n = k_{nn} - a_n^T (K_{uu} - S) a_n, \qquad a_n = K_{uu}^{-1} k_{un}
 

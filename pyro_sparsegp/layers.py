@@ -332,8 +332,8 @@ class SVGP(PyroModule):
 
     @layer_method
     def qf(self, X: torch.Tensor, consume: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Marginals of ``q(f)`` at ``X`` ``[..., B, D]`` (Hensman 2015 eq. 8): ``(mean, var)``, each ``[..., B]``
-        for a single output or ``[..., L, B]`` for ``L`` outputs (the mean function added to the mean)."""
+        """Marginals of ``q(f)`` at ``X`` ``[..., B, D]`` (Hensman 2015 eq. 19, diagonal): ``(mean, var)``, each
+        ``[..., B]`` for a single output or ``[..., L, B]`` for ``L`` outputs (the mean function added to the mean)."""
         Luu, W, kdiag = self._stats(X, consume)
         loc, var = cond.qf_marginals(W, kdiag, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
         return loc + self._mean(X), var
@@ -443,7 +443,7 @@ class SVGP(PyroModule):
         """Variational distribution: ``q(u) p(f | u)``. Returns the drawn latent values by site name (a dict, as
         Pyro's autoguides do, so that it can be a part of ``AutoGuideList``). ``X`` ``[..., N, D]``, ``y`` as in
         :meth:`model`; ``u`` ``[..., M]`` or ``[..., L, 1, M]``, ``f`` ``[..., B]`` or ``[..., L, B]`` (Hensman,
-        Matthews, Ghahramani 2015, eq. 21: :math:`q(f) = \\int p(f|u) q(u) du`)."""
+        Matthews, Ghahramani 2015, eqs. 18 and 21: :math:`q(f) = \\int p(f|u) q(u) du`)."""
         self._check_data(X, y, subsample_size, num_data)
         u = self.sample_u(guide=True)
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:

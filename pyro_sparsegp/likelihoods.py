@@ -103,7 +103,7 @@ class Likelihood(PyroModule):
     def guide(self, qf, prefix: str = "gp") -> None:
         """Guide side, inside the data plate: sample the variational distributions of auxiliary sites, if any.
         ``qf()`` returns the marginals ``(f_loc, f_var)``, each ``[..., B]``, of q(f) on the minibatch (Hensman et
-        al. 2015, eq. 8). The default has none."""
+        al. 2015, eq. 19). The default has none."""
 
     # -- expectations under q(f) -----------------------------------------------------------------------------
     def quadrature_expected_log_prob(self, y, f_loc, f_var) -> torch.Tensor:
@@ -124,12 +124,12 @@ class Likelihood(PyroModule):
     def predictive(self, f_loc, f_var) -> dist.Distribution:
         """Predictive distribution of ``y*`` given ``q(f*) = N(f_loc, f_var)``, ``f_loc``, ``f_var`` ``[..., B]``;
         batch shape ``[..., B]``. :math:`p(y_*) = \\int p(y_*|f_*) q(f_*) df_*` with :math:`q(f_*)` the marginal
-        of Hensman et al. 2015, eq. 8."""
+        of Hensman et al. 2015, eqs. 18-19."""
         raise NotImplementedError
 
     def predictive_log_prob(self, y, f_loc, f_var) -> torch.Tensor:
         """:math:`\\log \\int p(y|f) N(f; f_{loc}, f_{var}) df` (test log-likelihood), with :math:`q(f)` the
-        marginal of Hensman et al. 2015, eq. 8; ``y``, ``f_loc``, ``f_var`` ``[..., B]``, returns ``[..., B]``."""
+        marginal of Hensman et al. 2015, eq. 19; ``y``, ``f_loc``, ``f_var`` ``[..., B]``, returns ``[..., B]``."""
         return self.predictive(f_loc, f_var).log_prob(y)
 
 

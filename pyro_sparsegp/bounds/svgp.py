@@ -82,7 +82,7 @@ def titsias_bound(y, noise_var, Kuu, Kuf, kff_diag) -> torch.Tensor:
 
 
 def qf_dense(Kuu, Kuf, kff_diag, m, L) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Marginals of q(f) (Hensman 2015 eq. 8) by explicit inverses: :math:`a_n = K_{uu}^{-1}k_{un}`,
+    r"""Marginals of q(f) (Hensman 2015 eq. 19, diagonal) by explicit inverses: :math:`a_n = K_{uu}^{-1}k_{un}`,
     :math:`\mu_n = a_n^T m`, :math:`\sigma^2_n = k_{nn} - a_n^T (K_{uu} - S) a_n`. ``Kuu [..., M, M]``,
     ``Kuf [..., M, N]``, ``kff_diag [..., N]``, ``m [..., M]``, ``L [..., M, M]`` -> ``(mu, var)`` each ``[..., N]``."""
     A = torch.linalg.solve(Kuu, Kuf)  # [M, N]
@@ -117,7 +117,7 @@ def kl_sparse_bound(y, expected_log_prob, Kuu, Kuf, kff_diag, m, L, whiten: bool
 
     .. math:: \sum_n \mathbb{E}_{q(f_n)}[\log p(y_n|f_n)] - \mathrm{KL}[q(u)\|p(u)]
 
-    with :math:`q(f_n)` of eq. 8. ``expected_log_prob(y, f_loc, f_var) -> [..., N]`` (analytic or Gauss-Hermite).
+    with :math:`q(f_n)` of eq. 19. ``expected_log_prob(y, f_loc, f_var) -> [..., N]`` (analytic or Gauss-Hermite).
     Shapes as in :func:`l3_bound`; returns ``[...]``.
     With ``whiten=True``, ``(m, L)`` parameterise q(v) for ``u = Luu v`` and the prior is ``N(0, I)``.
     """
