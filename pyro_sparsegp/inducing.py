@@ -44,7 +44,9 @@ def _check_finite(name, t):
 
 
 class InducingVariables(PyroModule):
-    """Base class: ``Z`` ``[M, d]`` or ``[L, M, d]`` (a ``PyroParam``); ``num_inducing`` is ``M``."""
+    """Base class: ``Z`` ``[M, d]`` or ``[L, M, d]`` (a ``PyroParam``); ``num_inducing`` is ``M``. The inducing
+    variables ``u`` of Titsias 2009 and Hensman, Fusi, Lawrence 2013 (section 3.1); ``Kuu`` and ``Kuf`` are the
+    :math:`K_{mm}`, :math:`K_{mn}` of Hensman, Matthews, Ghahramani 2015, eq. 19."""
 
     def __init__(self, Z: torch.Tensor):
         super().__init__()
@@ -55,14 +57,16 @@ class InducingVariables(PyroModule):
 
     @property
     def num_inducing(self) -> int:
+        """``M``, the size of ``Z``'s dimension ``-2`` (``Z`` ``[M, d]`` or ``[L, M, d]``); an ``int``."""
         return self.Z.shape[-2]
 
     def input_dim(self, kernel) -> int:
-        """Number of features of the layer's inputs ``X`` under ``kernel``."""
+        """Number of features ``D`` of the layer's inputs ``X`` ``[..., B, D]`` under ``kernel`` (an ``int``)."""
         raise NotImplementedError
 
     def check(self, kernel) -> None:
-        """``ValueError`` when this inducing variable cannot be used with ``kernel``."""
+        """``ValueError`` when this inducing variable cannot be used with ``kernel`` (e.g. ``Z``'s last dimension
+        ``d`` does not match the features the kernel reads: ``Z`` ``[..., M, d]``)."""
         raise NotImplementedError
 
     def Kuu(self, kernel, other: InducingVariables | None = None) -> torch.Tensor:
@@ -85,9 +89,11 @@ class InducingPoints(InducingVariables):
     :class:`~pyro_sparsegp.kernels_conv.ConvKernel` they are images and the covariances are the full ``k_f``."""
 
     def input_dim(self, kernel):
+        """``D``, the last dimension of ``Z`` ``[..., M, D]`` (inputs ``X`` ``[..., B, D]``)."""
         return self.Z.shape[-1]
 
     def check(self, kernel):
+        """``ValueError`` when ``Z`` ``[..., M, D]`` has fewer features than ``kernel`` reads."""
         need = required_features(kernel)
         if self.Z.shape[-1] < need:
             raise ValueError(f"Z has {self.Z.shape[-1]} features but the kernel reads features up to index {need - 1}")
@@ -101,14 +107,17 @@ class InducingPoints(InducingVariables):
 
 
 class InducingPatches(InducingVariables):
-    """Inter-domain inducing patches ``u_m = g(z_m)`` of a convolutional kernel (van der Wilk et al. 2017, sec. 3.1):
+    """Inter-domain inducing patches ``u_m = g(z_m)`` of a convolutional kernel (van der Wilk et al. 2017, section 3.1):
     ``Z`` ``[M, d]`` or ``[L, M, d]`` with ``d = kernel.patch_dim``. Initialise from image patches, e.g.
     :func:`pyro_sparsegp.conv.init_patches`."""
 
     def input_dim(self, kernel):
+        """``kernel.input_dim``: the flattened image size ``D`` of the inputs ``X`` ``[..., B, D]``."""
         return kernel.input_dim
 
     def check(self, kernel):
+        """``ValueError`` unless ``kernel`` is a non-TICK convolutional kernel whose patches have ``Z``'s width
+        ``d`` (``Z`` ``[..., M, d]``)."""
         if not isinstance(kernel, ConvKernel):
             raise ValueError(
                 f"inducing patches need a convolutional kernel (pyro_sparsegp.kernels_conv.ConvKernel), got "
@@ -147,6 +156,8 @@ class IndexedInducingPatches(InducingPatches):
         self.locations = PyroParam(locations.detach().clone(), constraints.real)
 
     def check(self, kernel):
+        """``ValueError`` unless ``kernel`` is a TICK kernel whose patches have ``Z``'s width ``d`` (``Z``
+        ``[..., M, d]``)."""
         if not isinstance(kernel, TICK):
             raise ValueError(
                 f"inducing patches with locations need a TICK kernel, got {type(kernel).__name__}; use "
@@ -167,13 +178,15 @@ class IndexedInducingPatches(InducingPatches):
 
 
 def as_inducing(Z) -> InducingVariables:
-    """``Z`` itself if it is an :class:`InducingVariables`, else :class:`InducingPoints` ``(Z)``."""
+    """``Z`` itself if it is an :class:`InducingVariables`, else :class:`InducingPoints` ``(Z)`` (``Z`` ``[M, D]``
+    or ``[L, M, D]``). A constructor helper: implements no paper equation."""
     return Z if isinstance(Z, InducingVariables) else InducingPoints(Z)
 
 
 def Kuu(inducing: InducingVariables, kernel, other: InducingVariables | None = None, jitter: float = 0.0):
     """``Cov(u, u')`` ``[..., M, M']`` for the pair (inducing variable, kernel); ``jitter`` is added to the diagonal
-    (only when ``other`` is ``None``)."""
+    (only when ``other`` is ``None``). :math:`K_{mm}` of Hensman, Matthews, Ghahramani 2015, eq. 19
+    (SOLVE-GP's :math:`K_{uv}` with ``other``: Shi, Titsias, Mnih 2020, algorithm 1)."""
     K = inducing.Kuu(kernel, other)
     if jitter and other is None:
         K = K + jitter * torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
@@ -181,13 +194,15 @@ def Kuu(inducing: InducingVariables, kernel, other: InducingVariables | None = N
 
 
 def Kuf(inducing: InducingVariables, kernel, X: torch.Tensor) -> torch.Tensor:
-    """``Cov(u, f(X))`` ``[..., M, B]`` for inputs ``X`` ``[..., B, D]``."""
+    """``Cov(u, f(X))`` ``[..., M, B]`` for inputs ``X`` ``[..., B, D]``: :math:`K_{mn}` of Hensman, Matthews,
+    Ghahramani 2015, eq. 19."""
     return inducing.Kuf(kernel, X)
 
 
 def Kff_diag(kernel, X: torch.Tensor) -> torch.Tensor:
     """Prior variances ``k(x_n, x_n)`` ``[..., B]`` (convolutional kernels: the ``O(B P^2 d)`` patch double sum,
-    :meth:`~pyro_sparsegp.kernels_conv.ConvKernel.Kdiag`)."""
+    :meth:`~pyro_sparsegp.kernels_conv.ConvKernel.Kdiag`): the diagonal of :math:`K_{nn}` in Hensman, Matthews,
+    Ghahramani 2015, eq. 19."""
     if isinstance(kernel, ConvKernel):
         return kernel.Kdiag(X)
     return kernel_diag(kernel, X)
