@@ -41,7 +41,8 @@ __all__ = ["ConvLayer", "DeepConvGP", "init_patches", "kmeans", "log_likelihood_
 
 def kmeans(X: torch.Tensor, k: int, iters: int = 15, generator: torch.Generator | None = None) -> torch.Tensor:
     """Lloyd's k-means (initialised at ``k`` distinct random rows of ``X`` ``[N, d]``) -> centres ``[k, d]``; empty
-    clusters keep their previous centre."""
+    clusters keep their previous centre. Used to initialise inducing patches from cluster centres of image
+    patches, as Shi, Titsias, Mnih 2020 do (appendix G.2); k-means itself implements no paper equation."""
     if k > X.shape[0]:
         raise ValueError(f"k = {k} centres need at least as many points, got {X.shape[0]}")
     C = X[torch.randperm(X.shape[0], generator=generator)[:k]].clone()
@@ -182,7 +183,9 @@ class ConvLayer(PyroModule):
 
 
 class DeepConvGP(PyroModule):
-    """Deep convolutional GP: hidden :class:`ConvLayer` s, then an output layer with a TICK kernel.
+    """Deep convolutional GP: hidden :class:`ConvLayer` s, then an output layer with a TICK kernel: the
+    doubly stochastic deep GP of Salimbeni and Deisenroth 2017 with convolutional layers, as in the deep
+    convolutional GP experiments of Shi, Titsias, Mnih 2020 (appendix G.2; with SOLVE-GP layers, their eq. 11).
 
     :param hidden: list of :class:`ConvLayer` (each one's ``output_image_shape`` is the next one's input).
     :param output: :class:`~pyro_sparsegp.SVGP` or :class:`~pyro_sparsegp.SOLVEGP` with a
@@ -207,7 +210,8 @@ class DeepConvGP(PyroModule):
         self.output = output
 
     def propagate(self, X: torch.Tensor, guide: bool = False) -> torch.Tensor:
-        """Sample every hidden layer's ``u`` and propagate ``X`` (model side): the output layer's input."""
+        """Sample every hidden layer's ``u`` and propagate ``X`` ``[B, H*W*C]`` (model side): the output layer's
+        input, the last hidden layer's flattened feature map ``[..., B, H_out*W_out*C_out]``."""
         H = X
         for layer in self.hidden:
             H = layer.sample(H, layer.sample_u(guide=True) if guide else None)
@@ -215,12 +219,16 @@ class DeepConvGP(PyroModule):
 
     @pyro_method
     def model(self, X, y=None, num_data=None):
+        """Generative model on a minibatch ``X`` ``[B, H*W*C]``, ``y`` ``[B]`` of a data set of ``num_data`` points:
+        the hidden layers' samples (:meth:`propagate`), then the output layer's ``model``."""
         H = self.propagate(X)
         self.output._stats(H, consume=False)  # one factorisation for the output prior and the conditional
         return self.output.model(H, y, num_data=num_data or X.shape[-2])
 
     @pyro_method
     def guide(self, X, y=None, num_data=None):
+        """Guide: ``q(u)`` of every layer (``u`` ``[..., M]``, or ``[..., L, 1, M]`` with ``L`` outputs); ``X``
+        ``[B, H*W*C]`` and ``y`` ``[B]`` as in :meth:`model`."""
         for layer in self.hidden:
             layer.sample_u(guide=True)
         self.output.sample_u(guide=True)
@@ -241,7 +249,8 @@ class DeepConvGP(PyroModule):
 
 def log_likelihood_and_accuracy(probs: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """Test log-likelihood and accuracy of a predictive mixture ``probs`` ``[S, N, K]`` (or ``[N, K]``): mean over
-    ``n`` of ``log (1/S) sum_s p_s(y_n)``, and the accuracy of the argmax of the mixture."""
+    ``n`` of ``log (1/S) sum_s p_s(y_n)``, and the accuracy of the argmax of the mixture. Evaluation metrics:
+    implements no paper equation."""
     if probs.dim() == 2:
         probs = probs.unsqueeze(0)
     p = probs.gather(-1, y.long().expand(probs.shape[:-1]).unsqueeze(-1)).squeeze(-1)  # [S, N]

@@ -72,7 +72,7 @@ class MemmapDataset:
 
     @property
     def num_features(self) -> int:
-        """``D``, the number of input columns."""
+        """``D``, the number of input columns (the file's shape is ``[N, D + 1]``); an ``int``."""
         return self.data.shape[1] - 1
 
     def __getitem__(self, idx):

@@ -57,7 +57,8 @@ def load_powerplant(dtype=None) -> Split:
 
 
 def load_kin8nm(dtype=None) -> Split:
-    """kin8nm, split 0 (7373 train / 819 test rows), raw units."""
+    """kin8nm, split 0 (7373 train / 819 test rows), raw units: ``Split`` of ``X_train`` ``[7373, 8]``,
+    ``y_train`` ``[7373]``, ``X_test`` ``[819, 8]``, ``y_test`` ``[819]``."""
     with gzip.open(DATA / "kin8nm" / "data.txt.gz", "rt") as fh:
         data = np.loadtxt(fh)
     test = np.loadtxt(DATA / "kin8nm" / "index_test_0.txt", dtype=int)

@@ -57,7 +57,8 @@ def expected_input_dim(kernel) -> int | None:
 
 
 def required_features(kernel) -> int:
-    """The fewest input features a kernel can take: one more than the largest index in its ``active_dims``."""
+    """The fewest input features a kernel can take: one more than the largest index in its ``active_dims``
+    (the least ``D`` of inputs ``X`` ``[..., N, D]``); an ``int``."""
     ad = _active(kernel)
     if not ad:
         return getattr(kernel, "input_dim", 0)

@@ -59,7 +59,8 @@ def _pair(v) -> tuple[int, int]:
 
 
 def output_shape(image_shape, patch_size, stride=1) -> tuple[int, int]:
-    """``(H_out, W_out)`` of the patch grid: ``((H - h)//s + 1, (W - w)//s + 1)`` ("VALID" padding)."""
+    """``(H_out, W_out)`` of the patch grid: ``((H - h)//s + 1, (W - w)//s + 1)`` ("VALID" padding), for an image
+    of shape ``(H, W)`` or ``(H, W, C)``; a tuple of ints. Grid arithmetic: implements no paper equation."""
     H, W = image_shape[0], image_shape[1]
     (h, w), (sh, sw) = _pair(patch_size), _pair(stride)
     if h > H or w > W:
@@ -68,7 +69,8 @@ def output_shape(image_shape, patch_size, stride=1) -> tuple[int, int]:
 
 
 def patches(X: torch.Tensor, image_shape, patch_size, stride=1, channels_as_patches: bool = False) -> torch.Tensor:
-    """Image patches.
+    """Image patches: the patches :math:`x^{[p]}` of the convolutional GP :math:`f(x) = \\sum_p w_p g(x^{[p]})`
+    (Shi, Titsias, Mnih 2020, section 3.3, after van der Wilk et al. 2017).
 
     :param X: images ``[..., H, W, C]`` or flattened ``[..., H*W*C]`` (row-major ``H, W, C``).
     :param image_shape: ``(H, W, C)`` (or ``(H, W)`` for ``C = 1``).
@@ -97,7 +99,8 @@ def patches(X: torch.Tensor, image_shape, patch_size, stride=1, channels_as_patc
 
 def patch_locations(image_shape, patch_size, stride=1, dtype=None, device=None) -> torch.Tensor:
     """Locations ``t_p`` ``[P_out, 2]``: (row, column) of each patch in the output grid, in grid units, in the order
-    of :func:`patches`."""
+    of :func:`patches`: the locations of the TICK kernel's location kernel (Dutordoir et al. 2020; Shi, Titsias,
+    Mnih 2020, appendix G.2)."""
     Ho, Wo = output_shape(image_shape, patch_size, stride)
     r, c = torch.meshgrid(torch.arange(Ho), torch.arange(Wo), indexing="ij")
     return torch.stack([r.reshape(-1), c.reshape(-1)], -1).to(dtype=dtype or torch.get_default_dtype(), device=device)
@@ -113,7 +116,8 @@ def _image(image_shape) -> tuple[int, int, int]:
 
 def matern32(T1: torch.Tensor, T2: torch.Tensor, lengthscale: torch.Tensor) -> torch.Tensor:
     """Unit-variance Matérn-3/2 ``(1 + sqrt(3) r / l) exp(-sqrt(3) r / l)``, ``r = |t - t'|``: ``T1`` ``[..., N, 2]``,
-    ``T2`` ``[..., M, 2]`` -> ``[..., N, M]`` (zero gradient of ``r`` at ``r = 0``)."""
+    ``T2`` ``[..., M, 2]`` -> ``[..., N, M]`` (zero gradient of ``r`` at ``r = 0``). The location kernel of TICK
+    (Dutordoir et al. 2020; Shi, Titsias, Mnih 2020, appendix G.2 use a Matérn-3/2 between patch locations)."""
     r2 = (T1.unsqueeze(-2) - T2.unsqueeze(-3)).pow(2).sum(-1)
     r = (r2 + torch.finfo(r2.dtype).tiny).sqrt() * (r2 > 0)
     s = math.sqrt(3) * r / lengthscale
@@ -194,7 +198,7 @@ class ConvKernel(PyroModule):
         return t
 
     def scale(self) -> float:
-        """The normalisation constant ``c``."""
+        """The normalisation constant ``c``, a Python float (no tensor, so shapes do not apply)."""
         P = self.num_patches
         return {"mean": 1.0 / P, "sum": 1.0, "sqrt": 1.0 / math.sqrt(P)}[self.normalisation]
 
@@ -309,7 +313,8 @@ class TICK(ConvKernel):
     Matérn-3/2 kernel over patch locations, ``k_t(t, t') = (1 + sqrt(3) r / l_t) exp(-sqrt(3) r / l_t)``, of unit
     variance (redundant with ``k_g``'s) and learned lengthscale ``location_lengthscale`` (``PyroParam``, in output-grid
     units; Shi et al. 2020, appendix G.2 initialise it to 3). Its inducing variables carry locations
-    (:class:`~pyro_sparsegp.inducing.IndexedInducingPatches`). Other arguments as :class:`ConvKernel`."""
+    (:class:`~pyro_sparsegp.inducing.IndexedInducingPatches`). Other arguments as :class:`ConvKernel`. Inputs are
+    flattened images ``[..., H*W*C]``; called like a Pyro kernel it returns ``[N, M]`` (or the diagonal ``[N]``)."""
 
     def __init__(self, base_kernel, image_shape, patch_size, stride=1, location_lengthscale: float = 3.0, **kwargs):
         super().__init__(base_kernel, image_shape, patch_size, stride, **kwargs)

@@ -57,7 +57,7 @@ _RESET_HOOKS: list = []  # other modules' memories of what they checked or repor
 
 def reset_warnings() -> None:
     """Forget which causes the package has reported (here and in :mod:`pyro_sparsegp.validation`), so that each
-    warns again (once)."""
+    warns again (once). Takes and returns no tensor, so shapes do not apply."""
     _REPORTED.clear()
     for hook in _RESET_HOOKS:
         hook()

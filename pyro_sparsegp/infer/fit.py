@@ -107,6 +107,8 @@ class EpochBatchSampler(Sampler):
 
     @property
     def steps_per_epoch(self) -> int:
+        """Batches per epoch: ``ceil(N / batch_size)`` with one rank, ``N // (batch_size * world_size)`` with
+        several (the last incomplete global batch is dropped)."""
         if self.world_size == 1:
             return math.ceil(self.num_data / self.batch_size)
         return self.num_data // (self.batch_size * self.world_size)
