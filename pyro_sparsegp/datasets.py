@@ -45,26 +45,27 @@ def _t(a, dtype):
     return torch.as_tensor(np.asarray(a), dtype=dtype or torch.get_default_dtype())
 
 
+def _gal_split(name: str, num_features: int, dtype) -> Split:
+    """Split 0 of a data set stored as ``data/<name>/data.txt.gz`` (rows: features then target) with the Gal and
+    Ghahramani index files."""
+    with gzip.open(DATA / name / "data.txt.gz", "rt") as fh:
+        data = np.loadtxt(fh)
+    test = np.loadtxt(DATA / name / "index_test_0.txt", dtype=int)
+    train = np.loadtxt(DATA / name / "index_train_0.txt", dtype=int)
+    X, y = data[:, :num_features], data[:, num_features]
+    return Split(_t(X[train], dtype), _t(y[train], dtype), _t(X[test], dtype), _t(y[test], dtype))
+
+
 def load_powerplant(dtype=None) -> Split:
     """UCI power plant, split 0 (8611 train / 957 test rows), raw units (target: net hourly output in MW):
     a :class:`Split` with ``X_train [8611, 4]``, ``y_train [8611]``, ``X_test [957, 4]``, ``y_test [957]``."""
-    with gzip.open(DATA / "powerplant" / "data.txt.gz", "rt") as fh:
-        data = np.loadtxt(fh)
-    test = np.loadtxt(DATA / "powerplant" / "index_test_0.txt", dtype=int)
-    train = np.loadtxt(DATA / "powerplant" / "index_train_0.txt", dtype=int)
-    X, y = data[:, :4], data[:, 4]
-    return Split(_t(X[train], dtype), _t(y[train], dtype), _t(X[test], dtype), _t(y[test], dtype))
+    return _gal_split("powerplant", 4, dtype)
 
 
 def load_kin8nm(dtype=None) -> Split:
-    """kin8nm, split 0 (7373 train / 819 test rows), raw units: ``Split`` of ``X_train`` ``[7373, 8]``,
-    ``y_train`` ``[7373]``, ``X_test`` ``[819, 8]``, ``y_test`` ``[819]``."""
-    with gzip.open(DATA / "kin8nm" / "data.txt.gz", "rt") as fh:
-        data = np.loadtxt(fh)
-    test = np.loadtxt(DATA / "kin8nm" / "index_test_0.txt", dtype=int)
-    train = np.loadtxt(DATA / "kin8nm" / "index_train_0.txt", dtype=int)
-    X, y = data[:, :8], data[:, 8]
-    return Split(_t(X[train], dtype), _t(y[train], dtype), _t(X[test], dtype), _t(y[test], dtype))
+    """kin8nm, split 0 (7373 train / 819 test rows), raw units: ``X_train [7373, 8]``, ``y_train [7373]``,
+    ``X_test [819, 8]``, ``y_test [819]``."""
+    return _gal_split("kin8nm", 8, dtype)
 
 
 def load_snelson(dtype=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
