@@ -286,7 +286,7 @@ def _predict_in_chunks():
     m, v = gp.predict(X)
     mc, vc = gp.predict(X, batch_size=5)
     assert torch.allclose(m, mc) and torch.allclose(v, vc)
-    # independent: the dense formula of q(f) (whitened), Hensman et al. 2015 eq. 8
+    # independent: the dense formula of q(f) (whitened), Hensman et al. 2015 eq. 19
     Kuu = kernel_matrix(gp.kernel, gp.Z) + linalg.default_jitter(X.dtype) * torch.eye(6)
     L = torch.linalg.cholesky(Kuu)
     A = torch.linalg.solve_triangular(L, kernel_matrix(gp.kernel, gp.Z, X), upper=False)
