@@ -209,7 +209,8 @@ def test_eq10_gradient_matches_finite_differences_at_convergence():
     gp, X, y = _problem(N=9, whiten=True)
     st = fit_ep(gp, X, y, num_iters=80, learn_hyperparameters=False, damping=0.8, damping_decay=1.0)
     params = dict(gp.named_parameters())
-    names = ["kernel.kern0.lengthscale_unconstrained", "kernel.kern1.variance_unconstrained", "inducing.Z_unconstrained"]
+    names = ["kernel.kern0.lengthscale_unconstrained", "kernel.kern1.variance_unconstrained",
+             "inducing.Z_unconstrained"]
     grads = torch.autograd.grad(ep_surrogate(gp, X, y, st), [params[n] for n in names])
     h = 1e-4
     for name, grad in zip(names, grads, strict=True):
