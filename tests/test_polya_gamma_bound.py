@@ -86,7 +86,9 @@ def test_natgrad_iterations_with_local_updates_increase_the_bound():
     for _ in range(10):
         polya_gamma_natgrad_step(gp, X, y, lr=1.0)
         values.append(PG.pg_bound(y, Kuu, Kuf, kd, gp.q_u.u_loc.detach(), gp.q_u.u_scale_tril.detach()).item())
-    assert all(b >= a - 1e-9 for a, b in zip(values[:-1], values[1:], strict=True))
+    # monotone up to rounding: float64 resolves 1e-9, float32 about 1e-6 of the bound's magnitude
+    tol = 1e-9 if torch.get_default_dtype() == torch.float64 else 1e-5 * abs(values[-1])
+    assert all(b >= a - tol for a, b in zip(values[:-1], values[1:], strict=True))
 
 
 @pytest.mark.float64
