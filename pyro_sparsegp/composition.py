@@ -31,7 +31,17 @@ from pyro.poutine.plate_messenger import PlateMessenger
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 
-__all__ = ["plate", "layer_method", "sampled_attributes", "current_trace", "values_key", "check_plate_alignment"]
+__all__ = [
+    "plate",
+    "layer_method",
+    "sampled_attributes",
+    "current_trace",
+    "seed_context",
+    "draw_hyperparameters",
+    "values_key",
+    "check_plate_alignment",
+    "BoundModule",
+]
 
 
 def sampled_attributes(module, names: bool = True) -> list[tuple[object, str, str | None]]:
@@ -232,8 +242,3 @@ def plate(name: str, size: int, subsample_size: int | None = None, dim: int | No
         with pyro.poutine.block(hide=[name]):
             return pyro.plate(name, size, dim=dim, subsample=node["value"], device=device)
     return pyro.plate(name, size, subsample_size=subsample_size, dim=dim, subsample=subsample, device=device)
-
-
-def in_pyro_program() -> bool:
-    """Whether a Pyro handler is active (a traced or handled program)."""
-    return pyro.poutine.runtime.am_i_wrapped()
