@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from .linalg import solve_lower
+from .linalg import solve_lower, whitened_marginals
 
-__all__ = ["project", "conditional_loc", "conditional_var", "qf_terms", "qf_marginals", "clamp_var"]
+__all__ = ["project", "conditional_loc", "conditional_var", "qf_terms", "qf_marginals", "whitened_q", "clamp_var"]
 
 
 def project(Luu: torch.Tensor, Kuf: torch.Tensor) -> torch.Tensor:
@@ -83,11 +83,18 @@ def qf_terms(
     (see :func:`qf_marginals`; Hensman, Matthews, Ghahramani 2015, eq. 19), unclamped so that contributions can be
     added (SOLVE-GP adds two: Shi, Titsias, Mnih 2020, eqs. 32-34). Shapes as in :func:`qf_marginals`: ``W``
     ``[..., M, B]``, ``u_loc`` ``[M]``, ``u_scale_tril`` ``[M, M]`` (``[L, ...]`` per output) -> two ``[..., B]`` (or
-    ``[..., L, B]``)."""
-    A = W if Luu is None else solve_lower(Luu, W, transpose=True)  # [..., M, B]
-    loc = (u_loc.unsqueeze(-2) @ A).squeeze(-2)
-    LtA = u_scale_tril.mT @ A  # [..., M, B]
-    return loc, LtA.pow(2).sum(-2) - W.pow(2).sum(-2)
+    ``[..., L, B]``). Computed in whitened form by :func:`~pyro_sparsegp.linalg.whitened_marginals`."""
+    return whitened_marginals(W, *whitened_q(u_loc, u_scale_tril, Luu))
+
+
+def whitened_q(u_loc: torch.Tensor, u_scale_tril: torch.Tensor, Luu: torch.Tensor | None = None):
+    """``q(u) = N(m, C C^T)`` in whitened coordinates ``v = Luu^{-1} u``: ``(Luu^{-1} m, Luu^{-1} C)`` (``M^3``), or
+    ``(m, C)`` unchanged when ``Luu`` is ``None`` (``q`` already whitened). ``u_loc`` ``[(L,) M]``, ``u_scale_tril``
+    ``[(L,) M, M]``, ``Luu`` ``[(L,) M, M]`` -> ``[(L,) M]``, ``[(L,) M, M]``."""
+    if Luu is None:
+        return u_loc, u_scale_tril
+    m = solve_lower(Luu, u_loc.unsqueeze(-1)).squeeze(-1)
+    return m, solve_lower(Luu, u_scale_tril)
 
 
 def clamp_var(var: torch.Tensor) -> torch.Tensor:

@@ -205,11 +205,12 @@ _ISOTROPIC = (pk.RBF, pk.RationalQuadratic, pk.Matern32, pk.Matern52, pk.Exponen
 
 
 def _rbf(kernel, X, Z, square=False):
-    """``var * exp(-|x - z|^2 / (2 l^2))`` as one matrix product and one ``exp``: the bias
-    ``log var - |x|^2/2 - |z|^2/2`` is folded into ``addmm``'s input, which saves four elementwise passes over the
-    ``[N, M]`` matrix (forward and backward) compared with forming the squared distances first. Inputs are centred
-    first; where the GEMM form would not be exact enough the distances come from the differences (module
-    docstring). ``square``: ``Z`` is ``X``, and the diagonal is set to the variance exactly."""
+    """``var * exp(-|x - z|^2 / (2 l^2))`` as one matrix product and one ``exp``: the biases ``log var - |x|^2/2``
+    and ``-|z|^2/2`` ride in two extra columns of the product (``[x, b_x, 1] . [z, 1, b_z]``), so no ``[N, M]``
+    bias matrix is formed and the backward pass reaches ``|x|^2`` and ``|z|^2`` through the same two products,
+    not through reductions over ``[N, M]``: one ``[N, M]`` pass each way besides the products and the ``exp``.
+    Inputs are centred first; where the GEMM form would not be exact enough the distances come from the
+    differences (module docstring). ``square``: ``Z`` is ``X``, and the diagonal is set to the variance exactly."""
     ls = _hyper(kernel, "lengthscale", 1)
     Xc, Zc = _centred(X, Z)
     Xs, Zs = Xc / ls, Zc / ls
@@ -219,11 +220,11 @@ def _rbf(kernel, X, Z, square=False):
     if not _gemm_is_exact(x2, z2):
         r2 = _sqdist_by_differences(X, Z, ls)  # the raw inputs: x - z is exact for close points (0 for x = z)
         return var * torch.exp(-0.5 * r2)
-    bias = (var.log() - 0.5 * x2) - 0.5 * z2.mT
-    if bias.dim() == 2 and Xs.dim() == 2 and Zs.dim() == 2:
-        S = torch.addmm(bias, Xs, Zs.mT)
-    else:
-        S = Xs @ Zs.mT + bias
+    bx = var.log() - 0.5 * x2  # [..., N, 1]
+    lead = torch.broadcast_shapes(Xs.shape[:-1], bx.shape[:-1])
+    Xa = torch.cat([Xs.expand(lead + Xs.shape[-1:]), bx.expand(lead + (1,)), x2.new_ones(()).expand(lead + (1,))], -1)
+    Za = torch.cat([Zs, z2.new_ones(()).expand_as(z2), -0.5 * z2], -1)
+    S = Xa @ Za.mT  # [..., N, M]: log var - |x - z|^2 / 2
     if square:  # log var exactly on the diagonal (rounding may leave ~eps |x|^2 there)
         _set_diagonal_(S, _diag_var(var).detach().log())
     return S.exp()

@@ -38,7 +38,7 @@ from .distributions import MarginalizedLikelihood
 from .distributions.kl import ConditionalNormal
 from .kernels import kernel_matrix
 from .likelihoods import Likelihood
-from .linalg import cholesky, project_chol, solve_lower
+from .linalg import cholesky, project_chol, solve_lower, whitened_marginals
 from .validation import check_data, check_module_args, check_predict
 from .variational import GaussianQ
 
@@ -117,6 +117,29 @@ def as_inputs(f: torch.Tensor, num_outputs: int | None) -> torch.Tensor:
         return f.unsqueeze(-1)
     h = f.mT
     return h if f.dim() == 2 else h.unsqueeze(-3)
+
+
+class Factors:
+    """The factors of a layer at a set of inputs: ``Kuu`` ``[(L,) M, M]``, its Cholesky factor ``Luu``, ``Kuf``
+    ``[..., (L|1,) M, B]``, ``kdiag`` (``diag Kff``, ``[..., (1,) B]``) and the projection ``W = Luu^{-1} Kuf``,
+    formed on first use by :func:`~pyro_sparsegp.linalg.project_chol` (the marginals of ``q(f)`` do not need it:
+    :func:`~pyro_sparsegp.linalg.whitened_marginals` forms it inside a fused function). Unpacks as
+    ``(Luu, W, kdiag)``."""
+
+    __slots__ = ("Kuu", "Luu", "Kuf", "kdiag", "_W")
+
+    def __init__(self, Kuu, Luu, Kuf, kdiag):
+        self.Kuu, self.Luu, self.Kuf, self.kdiag, self._W = Kuu, Luu, Kuf, kdiag, None
+
+    @property
+    def W(self) -> torch.Tensor:
+        """``Luu^{-1} Kuf`` ``[..., (L|1,) M, B]``, gradient straight to ``Kuu`` (:func:`project_chol`)."""
+        if self._W is None:
+            (self._W,) = project_chol(self.Kuu, self.Luu, self.Kuf)
+        return self._W
+
+    def __iter__(self):
+        return iter((self.Luu, self.W, self.kdiag))
 
 
 def _take(X, idx):
@@ -243,8 +266,9 @@ class SVGP(PyroModule):
         return self._kuu_chol(consume)[1]
 
     @layer_method
-    def _stats(self, X: torch.Tensor, consume: bool):
-        """``(Luu, W, kff_diag)`` for inputs ``X`` ``[..., B, D]``.
+    def _stats(self, X: torch.Tensor, consume: bool) -> "Factors":
+        """:class:`Factors` (``Kuu``, ``Luu``, ``Kuf``, ``kff_diag``, and ``W`` on first use) for inputs ``X``
+        ``[..., B, D]``; it unpacks as ``(Luu, W, kff_diag)``.
 
         One-shot cache: the guide (``consume=False``) always computes them afresh and keeps them; the model
         (``consume=True``), which Pyro runs after the guide with the same parameters, takes them out if the key
@@ -256,9 +280,8 @@ class SVGP(PyroModule):
         Kuu, Luu = self._kuu_chol(consume)
         Xk = self._align(X)
         Kuf = ind.Kuf(self.inducing, self.kernel, Xk)  # [..., (L|1,) M, B]
-        (W,) = project_chol(Kuu, Luu, Kuf)  # W = Luu^{-1} Kuf, gradient straight to Kuu
         kdiag = ind.Kff_diag(self.kernel, Xk)  # [..., (1,) B]
-        stats = (Luu, W, kdiag)
+        stats = Factors(Kuu, Luu, Kuf, kdiag)
         if not consume:
             self._cache[key] = stats
         return stats
@@ -334,9 +357,10 @@ class SVGP(PyroModule):
     def qf(self, X: torch.Tensor, consume: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Marginals of ``q(f)`` at ``X`` ``[..., B, D]`` (Hensman 2015 eq. 19, diagonal): ``(mean, var)``, each
         ``[..., B]`` for a single output or ``[..., L, B]`` for ``L`` outputs (the mean function added to the mean)."""
-        Luu, W, kdiag = self._stats(X, consume)
-        loc, var = cond.qf_marginals(W, kdiag, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
-        return loc + self._mean(X), var
+        st = self._stats(X, consume)
+        m, C = cond.whitened_q(self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else st.Luu)
+        loc, dvar = whitened_marginals(st.Kuf, m, C, st.Kuu, st.Luu)  # W = Luu^{-1} Kuf formed inside
+        return loc + self._mean(X), cond.clamp_var(st.kdiag + dvar)
 
     # -- sites --------------------------------------------------------------------------------------------------
     def outputs_plate(self):
