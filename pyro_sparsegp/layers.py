@@ -266,7 +266,7 @@ class SVGP(PyroModule):
         return self._kuu_chol(consume)[1]
 
     @layer_method
-    def _stats(self, X: torch.Tensor, consume: bool) -> "Factors":
+    def _stats(self, X: torch.Tensor, consume: bool) -> Factors:
         """:class:`Factors` (``Kuu``, ``Luu``, ``Kuf``, ``kff_diag``, and ``W`` on first use) for inputs ``X``
         ``[..., B, D]``; it unpacks as ``(Luu, W, kff_diag)``.
 

@@ -1,4 +1,5 @@
-"""The fused projection ``project_chol``, the fused marginals ``whitened_marginals`` and ``gram``: same values as the plain triangular solve and product, and the
+"""The fused projection ``project_chol``, the fused marginals ``whitened_marginals`` and ``gram``: same values as
+the plain triangular solve and product, and the
 same gradients as autograd through ``torch.linalg.cholesky`` and ``solve_triangular`` (the independent reference),
 with broadcast batch dimensions, several right-hand sides, a gradient also reaching the factor ``L`` through another
 path, and under ``gradcheck``; ``add_diag`` keeps its input intact."""
