@@ -248,7 +248,8 @@ class _WhitenedMarginals(torch.autograd.Function):
         T = P @ W  # [..., M, B]
         loc = (m.unsqueeze(-2) @ W).squeeze(-2)
         dvar = (W * T).sum(-2)
-        ctx.save_for_backward(L, W, T, m, C, P)
+        # with L the backward pass needs no T (module docstring of whitened_marginals); without, g_W = 2 T diag(g)
+        ctx.save_for_backward(L, W, T if L is None else None, m, C, P)
         ctx.k_shape = None if K is None else K.shape
         ctx.r_shape = R.shape
         return loc, dvar
@@ -257,18 +258,23 @@ class _WhitenedMarginals(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_loc, g_dvar):
         L, W, T, m, C, P = ctx.saved_tensors
+        M = W.shape[-2]
         batch = torch.broadcast_shapes(m.shape[:-1], C.shape[:-2], () if L is None else L.shape[:-2])
-        Wd = W * g_dvar.unsqueeze(-2)
-        gm_b = _sum_to(W @ g_loc.unsqueeze(-1), batch + (W.shape[-2], 1)).squeeze(-1)  # [batch, M]
+        # [W diag(g_dvar); g_loc^T] in one buffer: its top rows give W diag(g) W^T, all of it g_R (below)
+        full = torch.broadcast_shapes(W.shape[:-2], g_dvar.shape[:-1], g_loc.shape[:-1])
+        buf = W.new_empty(full + (M + 1, W.shape[-1]))
+        Wd = torch.mul(W, g_dvar.unsqueeze(-2), out=buf[..., :M, :])
+        buf[..., M, :] = g_loc
+        gm_b = _sum_to(W @ g_loc.unsqueeze(-1), batch + (M, 1)).squeeze(-1)  # [batch, M]
         gP_b = _sum_to(Wd @ W.mT, batch + P.shape[-2:])  # W diag(g) W^T  [batch, M, M]
         gm, gC = _sum_to(gm_b, m.shape), _sum_to(2.0 * (gP_b @ C), C.shape)
-        # g_W = 2 T diag(g_dvar) + m g_loc^T; with L, g_R = L^{-T} g_W = L^{-T} (2 T diag(g_dvar)) + (L^{-T} m) g_loc^T
-        gW = T * (2.0 * g_dvar.unsqueeze(-2))
-        if L is None:
-            return None, None, _sum_to(_add_outer_(gW, m, g_loc), W.shape), gm, gC
-        gR = _add_outer_(solve_lower(L, gW, transpose=True), solve_lower(L, m.unsqueeze(-1), transpose=True)[..., 0],
-                         g_loc)
-        gR = _sum_to(gR, ctx.r_shape)
+        if L is None:  # g_W = 2 T diag(g_dvar) + m g_loc^T
+            gW = _add_outer_(T * (2.0 * g_dvar.unsqueeze(-2)), m, g_loc)
+            return None, None, _sum_to(gW, W.shape), gm, gC
+        # g_R = L^{-T} g_W = [2 L^{-T} (S - I) | L^{-T} m] [W diag(g_dvar); g_loc^T]: one product, the M^3 solves
+        # on the left (a reassociation of L^{-T} ((S - I) W diag(g)), no [M, B] solve and no pass over T)
+        left = solve_lower(L, torch.cat([2.0 * P, m.unsqueeze(-1).expand(P.shape[:-1] + (1,))], -1), transpose=True)
+        gR = _sum_to(left @ buf, ctx.r_shape)
         gK = None
         if ctx.needs_input_grad[0]:
             # sum g_W W^T = m (W g_loc)^T + 2 (S - I) W diag(g_dvar) W^T: M^3, no further [M, B] product
