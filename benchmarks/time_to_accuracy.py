@@ -12,8 +12,9 @@ whitened q(u) starting at the prior, Adam with learning rate 0.01, minibatches o
 * ``gpytorch``: ``ApproximateGP`` + ``CholeskyVariationalDistribution`` + ``VariationalStrategy`` +
   ``ScaleKernel(RBFKernel(ard))`` + ``GaussianLikelihood`` + ``VariationalELBO`` (``_common.gpytorch_svgp``), a plain
   training loop over shuffled index batches.
-* ``ours``: ``pyro_sparsegp.infer.fit(gp, X, y, batch_size=1024, lr=0.01)`` with its defaults (the closed-form bound).
-* ``ours_nat``: the same with ``natgrad_lr=0.1`` (natural-gradient steps on q(u), Adam on the rest).
+* ``ours``: ``pyro_sparsegp.infer.fit(gp, X, y, batch_size=1024, lr=0.01)`` with its defaults (the closed-form bound,
+  natural-gradient steps of length 0.1 on q(u) — ``natgrad_lr="auto"`` — and Adam on the rest).
+* ``ours_adam`` (``--extra adam``): the same with ``natgrad_lr=None`` (Adam on everything, as GPyTorch).
 * ``ours_mc`` (``--extra mc``): ``fit(..., elbo=TraceMeanField_ELBO())``, the one-sample estimator that was the
   default before the closed-form bound.
 
@@ -112,7 +113,7 @@ def run_gpytorch(X, y, Xt, yt, Z, steps, every, y_std):
     return trace
 
 
-def run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr=None, elbo=None):
+def run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr="auto", elbo=None):
     gp = ps.SVGP(RBF(X.shape[1], lengthscale=torch.ones(X.shape[1])), Z.clone(), ps.Gaussian(noise=NOISE))
 
     def evaluate():
@@ -143,7 +144,8 @@ def main():
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--every", type=int, default=None, help="steps between test evaluations")
     p.add_argument("--extra", default="", help="'mc': also ours_mc, fit with the one-sample TraceMeanField_ELBO "
-                   "(the former default), to compare the estimators epoch for epoch")
+                   "(the former default), to compare the estimators epoch for epoch; 'adam': also ours_adam, fit "
+                   "without natural gradients")
     p.add_argument("--device", default="cpu", help="e.g. cuda: everything (data, both libraries) on that device")
     args = p.parse_args()
     setup(args)
@@ -173,8 +175,9 @@ def main():
                 runs = {
                     "gpytorch": run_gpytorch(X, y, Xt, yt, Z, steps, every, y_std),
                     "ours": run_ours(X, y, Xt, yt, Z, steps, every, y_std),
-                    "ours_nat": run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr=0.1),
                 }
+                if "adam" in args.extra:
+                    runs["ours_adam"] = run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr=None)
                 if "mc" in args.extra:
                     runs["ours_mc"] = run_ours(X, y, Xt, yt, Z, steps, every, y_std, elbo=TraceMeanField_ELBO())
                 target = runs["gpytorch"].points[-1][2]
