@@ -141,6 +141,27 @@ def _gemm_is_exact(x2, z2):
     return bool(4 * torch.finfo(x2.dtype).eps * (x2.detach().max() + z2.detach().max()) <= tol)
 
 
+def _rbf_gemm_is_exact(x2, z2):
+    """:func:`_gemm_is_exact` weighted by what the RBF kernel makes of the error. At a pair ``(x, z)`` the GEMM form
+    errs by at most ``4 eps (|x|^2 + |z|^2)`` in ``r^2``, which changes ``k = var exp(-r^2 / 2)`` by that much
+    relative to ``k``; with ``a = |x|``, ``t = ||x| - |z|| <= r`` and ``d`` the distance from ``a`` to the nearest
+    ``|z|`` (a sorted search), ``(a^2 + |z|^2) exp(-r^2 / 2) <= (a^2 + (a + t)^2) exp(-t^2 / 2)``, whose maximum over
+    ``t >= d`` is at most ``(a^2 + (a + max(d, sqrt 2))^2)`` times ``exp(-d^2 / 2)`` when ``d >= sqrt 2`` (the factor
+    decreases there) and times 1 otherwise. The largest such bound over the rows of ``x`` must be within the same
+    tolerance as :func:`_gemm_is_exact`'s (now relative to ``var``). A far outlier (heavy-tailed inputs in float32)
+    then no longer sends the whole batch to the differences: its kernel values are ``exp(-d^2 / 2)``-small."""
+    if _gemm_is_exact(x2, z2):
+        return True
+    a = x2.detach().reshape(-1).sqrt()
+    b = z2.detach().reshape(-1).sqrt().sort().values
+    i = torch.searchsorted(b, a).clamp(max=b.numel() - 1)
+    d = torch.minimum((a - b[i]).abs(), (a - b[(i - 1).clamp(min=0)]).abs())
+    far = d >= math.sqrt(2)
+    decay = torch.where(far, torch.exp(-0.5 * d * d), torch.ones_like(d))
+    bound = 4 * torch.finfo(x2.dtype).eps * (a * a + (a + d.clamp(min=math.sqrt(2))).pow(2)) * decay
+    return bool(bound.max() <= _R2_TOL.get(x2.dtype, 1e-3))
+
+
 def _sqdist_by_differences(Xc, Zc, ls):
     """``sum_d ((x_d - z_d) / l_d)^2`` ``[..., N, M]`` from the differences of the unscaled, uncentred inputs (exact
     to a relative rounding error: ``x - z`` rounds to nothing for close points), in chunks of rows of ``Xc``."""
@@ -217,7 +238,7 @@ def _rbf(kernel, X, Z, square=False):
     x2 = (Xs * Xs).sum(-1, keepdim=True)  # [..., N, 1]
     z2 = (Zs * Zs).sum(-1, keepdim=True)  # [..., M, 1]
     var = _hyper(kernel, "variance")
-    if not _gemm_is_exact(x2, z2):
+    if not _rbf_gemm_is_exact(x2, z2):
         r2 = _sqdist_by_differences(X, Z, ls)  # the raw inputs: x - z is exact for close points (0 for x = z)
         return var * torch.exp(-0.5 * r2)
     bx = var.log() - 0.5 * x2  # [..., N, 1]

@@ -10,6 +10,7 @@ import math
 import re
 import warnings
 from dataclasses import dataclass
+from unittest import mock
 
 import numpy as np
 import pyro
@@ -430,6 +431,34 @@ def test_stationary_kernels_exact_across_lengthscales_and_offsets(name, dtype):
                 err = (K.double() - ref).abs().max().item()
                 assert err < (1e-4 if dtype == torch.float32 else 1e-9), (ls, off, err)
             assert torch.equal(kernel_matrix(k, Xd).diagonal(), torch.full((30,), 1.5, dtype=dtype)), (ls, off)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_rbf_heavy_tailed_inputs_stay_on_the_product_and_exact(dtype):
+    """Heavy-tailed inputs (one point 100 lengthscales out, as keggundirected has): the RBF keeps the one-product form
+    (its values at the outlier are exp(-d^2/2)-small, so the product's error there cannot matter) and every entry
+    still matches the explicit differences in float64; two close points both far out still take the differences."""
+    from pyro.contrib.gp import kernels as pk
+
+    from pyro_sparsegp import kernels as kern
+
+    torch.manual_seed(0)
+    X = torch.randn(200, 4, dtype=torch.float64)
+    X[0] = 100.0
+    Z = X[1:30] + 0.1 * torch.randn(29, 4, dtype=torch.float64)
+    k = pk.RBF(4, lengthscale=torch.tensor(1.0, dtype=dtype), variance=torch.tensor(1.5, dtype=dtype))
+    calls = []
+    real = kern._sqdist_by_differences
+    with mock.patch.object(kern, "_sqdist_by_differences", side_effect=lambda *a: calls.append(1) or real(*a)):
+        K = kern.kernel_matrix(k, Z.to(dtype), X.to(dtype))
+        assert not calls  # the outlier alone does not force the slow path
+        Zfar = torch.cat([Z, X[:1] + 1e-2]).to(dtype)  # an inducing input next to the outlier
+        K2 = kern.kernel_matrix(k, Zfar, X.to(dtype))
+        assert calls == [1] or dtype == torch.float64  # float32: 4 eps |x|^2 ~ 2e-2 > tolerance near the outlier
+    for A, KK in ((Z, K), (torch.cat([Z, X[:1] + 1e-2]), K2)):
+        ref = 1.5 * torch.exp(-0.5 * (A[:, None] - X[None]).pow(2).sum(-1))
+        err = (KK.double() - ref).abs().max().item()
+        assert err < (1e-5 if dtype == torch.float32 else 1e-10), err
 
 
 @pytest.mark.float64
