@@ -252,9 +252,11 @@ class ConvKernel(PyroModule):
     def Kdiag(self, X: torch.Tensor) -> torch.Tensor:
         """``k_f(x_n, x_n) = c^2 sum_{p,p'} w_p w_p' k_g(x_n[p], x_n[p']) [k_t(t_p, t_p')]``: ``X`` ``[..., B, H*W*C]``
         -> ``[..., B]``. ``O(B P^2 d)``: one ``[P, P]`` patch Gram per image (a batched matrix product), images in
-        chunks of at most ``chunk_elements`` entries, recomputed in the backward pass when chunked. For an RBF ``k_g``
-        the kernel matrix is one ``baddbmm`` followed by in-place passes (2x faster than the generic path, forward and
-        backward, on CPU); the exponent is clamped at 0, which only removes rounding above it."""
+        chunks of at most ``chunk_elements`` entries, recomputed in the backward pass when chunked. For an RBF
+        ``k_g`` the weighted sum is one fused function (:class:`_RBFPatchGramDiag`): forward, one batched product, two
+        in-place passes and one matrix-vector product; backward, one batched product with ``[P, P]`` and no pass over
+        it (plus one for TICK's location factor), where autograd made about ten; the exponent is clamped at 0, which
+        only removes rounding above it."""
         Xp = self.extract(X)  # [..., B, P, d]
         lead, (B, P, d) = Xp.shape[:-3], Xp.shape[-3:]
         Xf = Xp.reshape((-1, P, d))
@@ -264,13 +266,8 @@ class ConvKernel(PyroModule):
         rbf = type(self.base_kernel) is pk.RBF
 
         def part(Xc, w, kt):
-            if rbf:  # exp(x_p.x_p'/l^2 - n_p - n_p'), n_p = |x_p|^2 / 2l^2: one baddbmm, two in-place passes
-                Xs = Xc / self.base_kernel.lengthscale
-                n = 0.5 * Xs.pow(2).sum(-1)  # [Bc, P]
-                E = torch.baddbmm(-n.unsqueeze(-1), Xs, Xs.mT).sub_(n.unsqueeze(-2)).clamp_(max=0.0).exp_()
-                if kt is not None:
-                    E = E * kt
-                return self.base_kernel.variance * ((E @ w) * w).sum(-1)
+            if rbf:
+                return _RBFPatchGramDiag.apply(Xc / self.base_kernel.lengthscale, w, self.base_kernel.variance, kt)
             K = kernel_matrix(self.base_kernel, Xc)  # [Bc, P, P]
             if kt is not None:
                 K = K * kt
@@ -306,6 +303,57 @@ class ConvKernel(PyroModule):
         if diag:
             return self.Kdiag(X)
         return self.Kff(X, Z)
+
+
+class _RBFPatchGramDiag(torch.autograd.Function):
+    r"""``out_b = var * sum_{p,p'} w_p w_p' E_bpp'`` with ``E_b = exp(-|xs_p - xs_p'|^2 / 2) [* kt]`` for scaled
+    patches ``xs`` ``[Bc, P, d]`` (the conv kernel's diagonal with an RBF ``k_g``). With ``G = var g_b (w w^T) o E_b``
+    (symmetric) the gradient with respect to ``xs`` is ``2 (G xs - rowsum(G) o xs)``, and ``G xs = var g_b w o
+    (E (w o xs))``, ``rowsum(G) = var g_b w o (E w)``: one batched product with ``E``, no elementwise pass over it."""
+
+    @staticmethod
+    def forward(ctx, Xs, w, var, kt):
+        n = -0.5 * Xs.pow(2).sum(-1, keepdim=True)  # [Bc, P, 1]
+        one = torch.ones_like(n)
+        # x_p.x_p' - |x_p|^2/2 - |x_p'|^2/2 as one product: the biases ride in two extra columns
+        E = torch.cat([Xs, n, one], -1) @ torch.cat([Xs, one, n], -1).mT  # [Bc, P, P]
+        E = E.clamp_(max=0.0).exp_()
+        Ek = E if kt is None else E * kt
+        Ew = Ek @ w  # [Bc, P]
+        quad = (Ew * w).sum(-1)  # [Bc]
+        ctx.save_for_backward(Xs, w, var, kt, E, Ew, quad)
+        return var * quad
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        Xs, w, var, kt, E, Ew, quad = ctx.saved_tensors
+        gv = (g * var).reshape(-1, 1, 1)  # [Bc, 1, 1]
+        Ek = E if kt is None else E * kt
+        g_xs = g_w = g_var = g_kt = None
+        if ctx.needs_input_grad[0]:
+            wX = w.unsqueeze(-1) * Xs  # [Bc, P, d]
+            g_xs = 2.0 * gv * w.unsqueeze(-1) * (Ek @ wX - Ew.unsqueeze(-1) * Xs)
+        if ctx.needs_input_grad[1]:
+            g_w = _sum_to_shape(2.0 * gv.squeeze(-1) * Ew, w.shape)
+        if ctx.needs_input_grad[2]:
+            g_var = _sum_to_shape((g * quad).sum(), var.shape)
+        if kt is not None and ctx.needs_input_grad[3]:
+            gE = (gv.reshape(-1) @ E.reshape(E.shape[0], -1)).reshape(E.shape[-2:])  # sum_b var g_b E_b  [P, P]
+            g_kt = _sum_to_shape(gE * (w.unsqueeze(-1) * w), kt.shape)
+        return g_xs, g_w, g_var, g_kt
+
+
+def _sum_to_shape(t: torch.Tensor, shape) -> torch.Tensor:
+    """Sum ``t`` down to ``shape`` (autograd's reduction for broadcast inputs)."""
+    shape = torch.Size(shape)
+    if t.shape == shape:
+        return t
+    lead = t.dim() - len(shape)
+    if lead > 0:
+        t = t.sum(tuple(range(lead)))
+    dims = tuple(i for i, s in enumerate(shape) if s == 1 and t.shape[i] != 1)
+    return (t.sum(dims, keepdim=True) if dims else t).reshape(shape)
 
 
 class TICK(ConvKernel):

@@ -182,6 +182,40 @@ def test_chunked_sums_equal_unchunked_with_gradients(kind):
         torch.testing.assert_close(x, y)
 
 
+@pytest.mark.float64
+@pytest.mark.parametrize("kind, ard", [("conv", False), ("weighted", True), ("tick", False), ("tick", True)])
+def test_rbf_diagonal_fused_gradients_equal_explicit_differences(kind, ard):
+    """The fused RBF diagonal (one batched product forward and backward) against the explicit patch differences
+    through autograd: values and the gradients to the images, weights, variance, lengthscales and TICK's location
+    lengthscale."""
+    torch.manual_seed(0)
+    ls = torch.tensor([0.5, 0.8, 1.0, 1.2]) if ard else torch.tensor(0.7)
+    base = RBF(4, variance=torch.tensor(1.3), lengthscale=ls)
+    if kind == "tick":
+        k = ps.TICK(base, (5, 5), 2, 1, location_lengthscale=2.0)
+    else:
+        k = ps.ConvKernel(base, (5, 5), 2, 1, weighted=kind == "weighted")
+    if k.weighted:
+        with torch.no_grad():
+            k.weights = torch.rand(k.num_patches) + 0.5
+    X = torch.rand(3, 25, requires_grad=True)
+    params = [X, *k.parameters()]
+    g = torch.randn(3)
+    Xp, w = k.extract(X), k.effective_weights()
+    t = k.locations(X.dtype)
+    diff = (Xp.unsqueeze(-2) - Xp.unsqueeze(-3)) / base.lengthscale
+    E = base.variance * torch.exp(-0.5 * diff.pow(2).sum(-1))
+    kt = k._location_factor(t, t)
+    ref = (((E if kt is None else E * kt) @ w) * w).sum(-1)
+    out = k.Kdiag(X)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad((out * g).sum(), params, allow_unused=True),
+                    torch.autograd.grad((ref * g).sum(), params, allow_unused=True), strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 def test_inducing_dispatch_errors():
     conv = _kernel("conv", 2, 2, 1, "mean", "patch")
     tick = _kernel("tick", 2, 2, 1, "mean", "patch")
