@@ -69,7 +69,8 @@ def current_trace():
 
 def seed_context(module) -> None:
     """Inside ``module``'s context (e.g. a likelihood's ``forward``), take the traced program's values of its
-    ``PyroSample`` attributes, if it has drawn them already (see the module docstring)."""
+    ``PyroSample`` attributes, if it has drawn them already (see the module docstring). The values keep the shapes
+    the trace holds (``[P, 1, ...]`` under vectorised particles); returns nothing."""
     trace = current_trace()
     if trace is not None and module._pyro_context.active:
         for _, _, fullname in sampled_attributes(module):
@@ -128,7 +129,8 @@ def layer_method(fn=None, *, guide_arg: str | None = None):
 
 def draw_hyperparameters(module) -> None:
     """Read every ``PyroSample`` attribute once (inside the module's context), so that each is a site at the
-    current plate level (call outside the data plate)."""
+    current plate level (call outside the data plate): each value has its prior's shape, with the particle
+    dimensions on the left (``[P, 1, ...]``) under vectorised particles; returns nothing."""
     for sub, name, _ in sampled_attributes(module):
         getattr(sub, name)
 
@@ -193,7 +195,8 @@ class BoundModule:
     """A view of a PyroModule whose ``PyroParam``/``PyroSample`` attributes are fixed to values read once (inside
     the program), and whose methods see those values. Distributions that call their likelihood lazily, at
     ``log_prob`` time outside the module's context (:class:`~pyro_sparsegp.distributions.MarginalizedLikelihood`),
-    hold a bound likelihood so that its parameters are the ones the program registered, and so trained by SVI."""
+    hold a bound likelihood so that its parameters are the ones the program registered, and so trained by SVI.
+    Attribute values keep their shapes (a sampled one its trace shape, e.g. ``[P, 1, 1]``)."""
 
     def __init__(self, module):
         object.__setattr__(self, "_module", module)

@@ -88,7 +88,8 @@ def qf_terms(
 
 
 def whitened_q(u_loc: torch.Tensor, u_scale_tril: torch.Tensor, Luu: torch.Tensor | None = None):
-    """``q(u) = N(m, C C^T)`` in whitened coordinates ``v = Luu^{-1} u``: ``(Luu^{-1} m, Luu^{-1} C)`` (``M^3``), or
+    """``q(u) = N(m, C C^T)`` in whitened coordinates ``v = Luu^{-1} u`` (the whitening of Shi, Titsias, Mnih 2020,
+    appendix F): ``(Luu^{-1} m, Luu^{-1} C)`` (``M^3``), or
     ``(m, C)`` unchanged when ``Luu`` is ``None`` (``q`` already whitened). ``u_loc`` ``[(L,) M]``, ``u_scale_tril``
     ``[(L,) M, M]``, ``Luu`` ``[(L,) M, M]`` -> ``[(L,) M]``, ``[(L,) M, M]``."""
     if Luu is None:
