@@ -55,17 +55,19 @@ def test_project_chol_matches_autograd_through_cholesky(k_batch, r_batches, use_
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+def _gradcheck_through_cholesky(fn, *args):
+    """``gradcheck`` of ``fn(K, chol(K), *args)`` in ``K`` (symmetrised, 4 x 4) and ``args``."""
+    def f(K, *a):
+        K = 0.5 * (K + K.mT)
+        return fn(K, torch.linalg.cholesky(K), *a)
+
+    return torch.autograd.gradcheck(f, (_spd((), 4).requires_grad_(), *args))
+
+
 @pytest.mark.float64
 def test_project_chol_gradcheck():
-    M = 4
-    K0 = _spd((), M)
-
-    def f(K, R1, R2):
-        K = 0.5 * (K + K.mT)
-        return project_chol(K, torch.linalg.cholesky(K), R1, R2)
-
-    inputs = (K0.requires_grad_(), torch.randn(M, 3, requires_grad=True), torch.randn(2, M, 2, requires_grad=True))
-    assert torch.autograd.gradcheck(f, inputs)
+    R1, R2 = torch.randn(4, 3, requires_grad=True), torch.randn(2, 4, 2, requires_grad=True)
+    assert _gradcheck_through_cholesky(project_chol, R1, R2)
 
 
 @pytest.mark.float64
@@ -137,16 +139,8 @@ def test_whitened_marginals_match_autograd(k_batch, r_batch, q_batch, with_K):
 
 @pytest.mark.float64
 def test_whitened_marginals_gradcheck():
-    M = 4
-    K0 = _spd((), M)
-
-    def f(K, R, m, C):
-        K = 0.5 * (K + K.mT)
-        return whitened_marginals(R, m, C, K, torch.linalg.cholesky(K))
-
-    inputs = (K0.requires_grad_(), torch.randn(2, M, 3, requires_grad=True), torch.randn(M, requires_grad=True),
-              torch.randn(M, M, requires_grad=True))
-    assert torch.autograd.gradcheck(f, inputs)
+    R, m, C = (torch.randn(*shape, requires_grad=True) for shape in ((2, 4, 3), (4,), (4, 4)))
+    assert _gradcheck_through_cholesky(lambda K, L, R, m, C: whitened_marginals(R, m, C, K, L), R, m, C)
 
 
 @pytest.mark.parametrize("layout", ["row_major", "column_major", "one_column", "expanded"])
