@@ -301,12 +301,13 @@ def whitened_marginals(W_or_R: torch.Tensor, m: torch.Tensor, C: torch.Tensor, K
     ``dvar = sum(W * ((C C^T - I) W), -2)``, so that :math:`\sigma^2_n = k_{nn} + \mathrm{dvar}_n` (Hensman,
     Matthews, Ghahramani 2015, eq. 19, whitened: :math:`-a_n^T (I - S) a_n`).
 
-    One fused autograd function, whose backward pass costs one ``[M, M] x [M, B]`` product (``W diag(g) W^T``) and,
-    with ``K`` given, one triangular solve: autograd through ``C^T W`` and a projection costs four products and a
-    solve. Given ``K`` and ``L = chol(K)``, the first argument is ``R = Kuf`` and ``W = L^{-1} R`` is formed here;
-    the gradient with respect to ``K`` then uses ``sum g_W W^T = m (W g_loc)^T + 2 (S - I) W diag(g) W^T`` (an
-    ``M^3`` product instead of an ``M^2 B`` one) and goes to ``K`` as in :func:`project_chol` (``L`` is treated as
-    a constant). Not twice differentiable.
+    One fused autograd function. Its backward pass costs one ``[M, M] x [M, B]`` product for the gradient to ``C``
+    (``W diag(g) W^T``) and one for the gradient to the right-hand side; autograd through ``C^T W`` and a projection
+    costs four products and a solve. Given ``K`` and ``L = chol(K)``, the first argument is ``R = Kuf`` and
+    ``W = L^{-1} R`` is formed here: the gradient to ``R`` is ``[2 L^{-T} (S - I) | L^{-T} m] [W diag(g); g_loc^T]``
+    (``M^3`` solves on the left, no ``[M, B]`` solve), and the gradient to ``K`` uses ``sum g_W W^T = m (W g_loc)^T
+    + 2 (S - I) W diag(g) W^T`` (an ``M^3`` product instead of an ``M^2 B`` one) and goes to ``K`` as in
+    :func:`project_chol` (``L`` is treated as a constant). Not twice differentiable.
 
     :param W_or_R: ``W`` (or ``R`` with ``K``, ``L``) ``[..., M, B]``.
     :param m: ``[(L,) M]``; :param C: ``[(L,) M, M]`` (any square factor of ``S``).
