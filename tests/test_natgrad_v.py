@@ -73,18 +73,26 @@ def _close(a, b, tol=1e-6):
 
 @pytest.mark.float64
 @pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
-def test_one_full_batch_step_on_q_v_lands_on_its_optimum_given_q_u(whiten):
+@pytest.mark.parametrize("site", ["v", "u"])
+def test_one_full_batch_step_lands_on_the_optimum_given_the_other_factor(site, whiten):
+    """One step of length 1 on q(v⊥) (or q(u)), with the other factor held at an arbitrary q, lands on the
+    conditional optimum of eq. 8 (a dense solve)."""
     X, y = _data()
     gp = _solve(whiten)
     A, Dm, Kuu, Cvv = _dense(gp, X)
     g = torch.Generator().manual_seed(1)
-    _set_plain(gp.q_u, torch.randn(M, generator=g), 0.1 * torch.eye(M) + 0.05, Kuu, whiten)  # any q(u)
-    m_u, _ = _plain(gp.q_u, Kuu, whiten)
-    solvegp_natgrad_step(gp, X, y, lr=1.0, sites=("v",))
-    m, S = _conditional_optimum(Dm, A, m_u, Cvv, y)
-    m_v, S_v = _plain(gp.q_v, Cvv, whiten)
-    _close(m_v, m)
-    _close(S_v, S)
+    if site == "v":  # q(u) fixed: any q(u)
+        q, other, K, K_other, F, F_other = gp.q_v, gp.q_u, Cvv, Kuu, Dm, A
+        _set_plain(other, torch.randn(M, generator=g), 0.1 * torch.eye(M) + 0.05, K_other, whiten)
+    else:  # q(v) fixed
+        q, other, K, K_other, F, F_other = gp.q_u, gp.q_v, Kuu, Cvv, A, Dm
+        _set_plain(other, torch.linspace(-1, 1, M2), 0.3 * Cvv, K_other, whiten)
+    m_other, _ = _plain(other, K_other, whiten)
+    solvegp_natgrad_step(gp, X, y, lr=1.0, sites=(site,))
+    m, S = _conditional_optimum(F, F_other, m_other, K, y)
+    m_q, S_q = _plain(q, K, whiten)
+    _close(m_q, m)
+    _close(S_q, S)
 
 
 @pytest.mark.float64
@@ -109,21 +117,6 @@ def test_q_v_step_at_the_optimal_q_u_lands_on_eqs_28_29(whiten):
     _close(gp.q_v.u_loc, m28)
     _close(gp.q_v.u_scale_tril @ gp.q_v.u_scale_tril.mT, L29 @ L29.mT)
     _close(_plain(gp.q_v, Cvv, whiten)[0], means[M:])
-
-
-@pytest.mark.float64
-@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
-def test_one_full_batch_step_on_q_u_of_solvegp_lands_on_its_optimum_given_q_v(whiten):
-    X, y = _data()
-    gp = _solve(whiten)
-    A, Dm, Kuu, Cvv = _dense(gp, X)
-    _set_plain(gp.q_v, torch.linspace(-1, 1, M2), 0.3 * Cvv, Cvv, whiten)
-    m_v, _ = _plain(gp.q_v, Cvv, whiten)
-    solvegp_natgrad_step(gp, X, y, lr=1.0, sites=("u",))
-    m, S = _conditional_optimum(A, Dm, m_v, Kuu, y)
-    m_u, S_u = _plain(gp.q_u, Kuu, whiten)
-    _close(m_u, m)
-    _close(S_u, S)
 
 
 @pytest.mark.float64
