@@ -48,25 +48,25 @@ PAPER_MFSP = {
 }
 
 
-def train_klsp(X, y, M, iters, seed):
+def initial_model(X, M, seed):
+    """The initial probit SVGP both methods start from (same seed: same inducing inputs and lengthscales)."""
     pyro.clear_param_store()
     torch.manual_seed(seed)
     N, D = X.shape
-    gp = ps.SVGP(RBF(D, lengthscale=torch.full((D,), math.sqrt(D))), X[torch.randperm(N)[:M]].clone(),
-                 ps.Bernoulli("probit"), whiten=True)
+    return ps.SVGP(RBF(D, lengthscale=torch.full((D,), math.sqrt(D))), X[torch.randperm(N)[:M]].clone(),
+                   ps.Bernoulli("probit"), whiten=True)
 
+
+def train_klsp(X, y, M, iters, seed):
+    gp = initial_model(X, M, seed)
     lbfgs_fit(gp, X, y, list(gp.q_u.parameters()), 50)  # hyperparameters frozen first
     lbfgs_fit(gp, X, y, list(gp.parameters()), iters)
     return gp
 
 
 def train_mfsp(X, y, M, iters, seed):
-    """MFSp on the same initial model as :func:`train_klsp` (same seed: same inducing inputs)."""
-    pyro.clear_param_store()
-    torch.manual_seed(seed)
-    N, D = X.shape
-    gp = ps.SVGP(RBF(D, lengthscale=torch.full((D,), math.sqrt(D))), X[torch.randperm(N)[:M]].clone(),
-                 ps.Bernoulli("probit"), whiten=True)
+    """MFSp on the same initial model as :func:`train_klsp`."""
+    gp = initial_model(X, M, seed)
     ps.infer.fit_mfsp(gp, X, y, num_iters=iters, frozen_iters=50)
     return gp
 
