@@ -13,7 +13,8 @@ whitened q(u) starting at the prior, Adam with learning rate 0.01, minibatches o
   ``ScaleKernel(RBFKernel(ard))`` + ``GaussianLikelihood`` + ``VariationalELBO`` (``_common.gpytorch_svgp``), a plain
   training loop over shuffled index batches.
 * ``ours``: ``pyro_sparsegp.infer.fit(gp, X, y, batch_size=1024, lr=0.01)`` with its defaults (the closed-form bound,
-  natural-gradient steps of length 0.1 on q(u) — ``natgrad_lr="auto"`` — and Adam on the rest).
+  natural-gradient steps of length 0.1 on q(u) — ``natgrad_lr="auto"`` —, a Fisher-scoring step of the same length
+  on the noise variance, and Adam on the rest).
 * ``ours_adam`` (``--extra adam``): the same with ``natgrad_lr=None`` (Adam on everything, as GPyTorch).
 * ``ours_mc`` (``--extra mc``): ``fit(..., elbo=TraceMeanField_ELBO())``, the one-sample estimator that was the
   default before the closed-form bound.

@@ -6,7 +6,8 @@ from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.bounds import svgp as B
-from pyro_sparsegp.infer import gaussian_natgrad_step, natgrad_step
+from pyro_sparsegp.infer import fit, gaussian_natgrad_step, natgrad_step
+from pyro_sparsegp.infer.natgrad import noise_natgrad_likelihood, noise_step_from_grads_
 
 N, M, D = 60, 8, 2
 
@@ -102,3 +103,73 @@ def test_non_conjugate_step_increases_the_bound():
         values.append(bound())
     assert all(b > a - 1e-9 for a, b in zip(values[:-1], values[1:], strict=True))
     assert values[-1] > values[0] + 1.0
+
+
+def _noise_optimum(gp, X, y):
+    """``S / n`` with ``S = sum E_q[(y - f)^2]`` from q(f)'s marginals (dense), ``n`` the number of observations."""
+    with torch.no_grad():
+        loc, var = gp.qf(X)
+        yt = y.mT if gp.num_outputs else y
+        return ((yt - loc).square() + var).sum() / y.numel()
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("num_outputs", [None, 2], ids=["one_output", "two_outputs"])
+@pytest.mark.parametrize("lr", [1.0, 0.3])
+def test_noise_step_moves_to_the_optimum_given_q(num_outputs, lr):
+    """A Fisher-scoring step of length rho on the noise variance is (1 - rho) sigma^2 + rho S/n, and S/n maximises
+    the bound in sigma^2 given q(f) (checked by perturbing it both ways)."""
+    X, y, gp = _gp(whiten=True, num_outputs=num_outputs)
+    gaussian_natgrad_step(gp, X, y, lr=0.6)  # q(u) away from the prior and from its optimum
+    before, target = gp.likelihood.noise.detach().clone(), _noise_optimum(gp, X, y)
+    for p in gp.parameters():
+        p.grad = None
+    (-gp.analytic_elbo(X, y)).backward()
+    noise_step_from_grads_(gp.likelihood, lr, y.numel())
+    torch.testing.assert_close(gp.likelihood.noise.detach(), (1 - lr) * before + lr * target, rtol=1e-10, atol=0)
+    if lr == 1.0:
+        with torch.no_grad():
+            best = gp.analytic_elbo(X, y)
+            for factor in (0.99, 1.01):
+                gp.likelihood.noise = target * factor
+                assert gp.analytic_elbo(X, y) < best
+
+
+def test_noise_step_needs_a_gradient_and_skips_a_noise_with_a_prior():
+    import pyro.distributions as dist
+    from pyro.nn import PyroSample
+
+    X, y, gp = _gp(whiten=True)
+    with pytest.raises(ValueError, match="backward"):
+        noise_step_from_grads_(gp.likelihood, 0.5, N)
+    assert noise_natgrad_likelihood(gp) is gp.likelihood
+    gp.likelihood.noise = PyroSample(dist.LogNormal(-2.0, 1.0))
+    assert noise_natgrad_likelihood(gp) is None
+    gp.likelihood = ps.Bernoulli()
+    assert noise_natgrad_likelihood(gp) is None
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("num_outputs", [None, 2], ids=["one_output", "two_outputs"])
+def test_fit_with_natural_gradients_reaches_the_collapsed_optimum_in_the_noise(num_outputs):
+    """fit steps q(u) and the noise together from one gradient; with frozen kernel hyperparameters (lr tiny) and the
+    full batch the iteration converges to the joint maximiser: the noise maximising Titsias' collapsed bound
+    (found independently by a golden-section search on the dense bound) and q(u) optimal at that noise."""
+    X, y, gp = _gp(whiten=False, num_outputs=num_outputs)
+    yt = y.mT if num_outputs else y  # [(L,) N]: the outputs share the noise
+    fit(gp, X, y, num_steps=100, batch_size=N, lr=1e-12, natgrad_lr=1.0, progress=False)
+    k = gp.kernel
+    with torch.no_grad():
+        Kuu, Kuf, kd = k(gp.Z) + 1e-10 * torch.eye(M), k(gp.Z, X), k(X, diag=True)
+
+        def collapsed(log_noise):
+            return B.titsias_bound(yt, torch.exp(torch.tensor(log_noise)), Kuu, Kuf, kd).sum().item()
+
+        lo, hi, phi = -10.0, 3.0, (5**0.5 - 1) / 2
+        for _ in range(100):
+            a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
+            lo, hi = (lo, b) if collapsed(a) > collapsed(b) else (a, hi)
+        noise = torch.exp(torch.tensor((lo + hi) / 2))
+        torch.testing.assert_close(gp.likelihood.noise.detach(), noise, rtol=1e-5, atol=0)
+        m, L = B.optimal_qu(yt, noise, Kuu, Kuf)
+    torch.testing.assert_close(gp.q_u.u_loc.detach(), m, rtol=1e-4, atol=1e-5)

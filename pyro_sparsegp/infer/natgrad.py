@@ -42,6 +42,8 @@ __all__ = [
     "natgrad_step_for",
     "natgrad_from_grads_",
     "natgrad_families",
+    "noise_step_from_grads_",
+    "noise_natgrad_likelihood",
     "solvegp_natgrad_step",
     "check_natgrad_lr",
     "NatGradDampingWarning",
@@ -365,6 +367,56 @@ def natgrad_from_grads_(q, lr: float) -> None:
     m_new = m - rho.unsqueeze(-1) * (L_new @ t).squeeze(-1)
     _set_constrained(q, "u_loc", raw_m, m_new)
     _set_constrained(q, "u_scale_tril", raw_L, L_new)  # lower triangular: the solve keeps L^T's zeros exactly
+
+
+@torch.no_grad()
+def noise_step_from_grads_(likelihood, lr: float, num_obs) -> None:
+    r"""A Fisher-scoring step of length ``lr`` on the noise variance :math:`\sigma^2` of a
+    :class:`~pyro_sparsegp.Gaussian` likelihood, from the gradient of the loss :math:`\ell = -\mathcal{L}` that a
+    backward pass left in ``likelihood.noise_unconstrained.grad``; the noise's companion of
+    :func:`natgrad_from_grads_` (same pass, same step length).
+
+    Every bound of this package depends on :math:`\sigma^2` only through the expected log-likelihood, which for
+    :math:`n` observations is :math:`-\tfrac n2\log\sigma^2 - S/(2\sigma^2) + c` with
+    :math:`S = \sum_n \mathbb{E}_q[(y_n - f_n)^2]` (Hensman, Fusi, Lawrence 2013, eq. 4; a minibatch estimates
+    ``S`` with the ``N / B`` scaling, a Monte Carlo bound with its samples). Its maximiser given q(f) is
+    :math:`S/n`, and its Fisher information is :math:`n / (2\sigma^4)`. The step
+
+    .. math:: \sigma^2 \leftarrow \sigma^2 + \rho\,\frac{2\sigma^4}{n}\,\frac{\partial\mathcal{L}}{\partial
+              \sigma^2} = (1-\rho)\,\sigma^2 + \rho\,\frac{S}{n}
+
+    therefore lands on the optimum given q(f) at ``lr = 1`` on the full data, and otherwise moves a fraction ``lr``
+    of the way: a running average of the minibatch estimates of :math:`S/n`, whatever the current :math:`\sigma^2`
+    (Adam on :math:`\log\sigma^2` moves at most about its learning rate per step). A step that would leave the
+    constraint's support (possible only at ``lr = 1`` by rounding) keeps the old value. No host synchronisation.
+
+    :param likelihood: a ``Gaussian`` whose ``noise`` is a ``PyroParam`` (a scalar ``()``).
+    :param float lr: step length :math:`\rho` in ``(0, 1]``.
+    :param num_obs: :math:`n`, the number of scalar observations the bound's likelihood term stands for (``N``
+        for ``y [N]``, ``N L`` for ``y [N, L]``).
+    """
+    raw = likelihood.noise_unconstrained
+    if raw.grad is None:
+        raise ValueError("noise_step_from_grads_: the noise has no gradient; call backward() first")
+    constraint = likelihood._pyro_params["noise"][0]
+    transform = transform_to(constraint)
+    x = raw.detach()
+    var = transform(x)
+    dvar_dx = transform.log_abs_det_jacobian(x, var).exp()  # a scalar transform: its derivative
+    g = -raw.grad / dvar_dx  # d ELBO / d sigma^2
+    new = var + lr * 2.0 * var.square() / num_obs * g
+    new = torch.where(constraint.check(new), new, var)
+    raw.copy_(transform.inv(new))
+
+
+def noise_natgrad_likelihood(module):
+    """The :class:`~pyro_sparsegp.Gaussian` likelihood of ``module`` whose learnable noise
+    :func:`noise_step_from_grads_` trains beside the natural-gradient families, or ``None`` (no likelihood, another
+    likelihood, or a noise with a prior: a ``PyroSample`` is its guide's to train)."""
+    lik = getattr(module, "likelihood", None)
+    if isinstance(lik, Gaussian) and "noise" in getattr(lik, "_pyro_params", {}):
+        return lik
+    return None
 
 
 def natgrad_families(module) -> list:
