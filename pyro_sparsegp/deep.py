@@ -158,10 +158,13 @@ class DeepGP(PyroModule):
         return self._stack[-1]
 
     def natgrad_families(self) -> list:
-        """The variational family that natural-gradient steps should train: the last layer's ``q(u)`` only
-        (Salimbeni et al. 2018 found natural gradients on inner layers unstable). Returns a list of modules, not
-        tensors, so shapes do not apply."""
-        return [self.last.q_u]
+        """The variational families that natural-gradient steps should train: the last layer's only (Salimbeni et al.
+        2018 found natural gradients on inner layers unstable), i.e. its ``q(u)`` and, for a SOLVE-GP last layer,
+        its full-covariance ``q(v⊥)`` too (both are Gaussian factors of the same layer's posterior; leaving q(v⊥) to
+        Adam would train half of the deep SOLVE-GP's last layer more slowly than the DGP's). Returns a list of
+        modules, not tensors, so shapes do not apply."""
+        q_v = getattr(self.last, "q_v", None)
+        return [self.last.q_u] + ([q_v] if q_v is not None and q_v.learn_scale else [])
 
     def _check_data(self, X, y):
         first = self._stack[0]

@@ -342,3 +342,24 @@ def test_fit_with_natural_gradients_on_the_last_layer_only():
     for k, v in dgp.layers[0].q_u.named_parameters():  # Adam trains the hidden q(u)
         assert not torch.equal(v, hidden_q[k])
     assert dgp.natgrad_families() == [dgp.layers[-1].q_u]
+
+
+@pytest.mark.float64
+def test_deep_solvegp_natural_gradients_train_the_last_layers_q_u_and_q_v():
+    """A SOLVE-GP last layer takes natural-gradient steps on q(u) and q(v⊥) (and the noise its Fisher-scoring
+    step); in a one-layer stack with frozen kernel hyperparameters (lr tiny) and the full batch they converge to the
+    maximiser of Shi et al. 2020 eq. 8, whose q(v⊥) is eqs. 28-29 (computed densely here)."""
+    from pyro_sparsegp.bounds import solvegp as SB
+
+    X, y = _data(N=20)
+    dgp = build_deep_gp(X, [], ps.Gaussian(0.2), num_inducing=4, num_orthogonal=3)
+    gp = dgp.last
+    assert dgp.natgrad_families() == [gp.q_u, gp.q_v]
+    ps.infer.fit(dgp, X, y, num_steps=80, batch_size=20, lr=1e-12, natgrad_lr=1.0, progress=False)
+    k = gp.kernel
+    with torch.no_grad():
+        m, L = SB.solvegp_optimal_q_v(y, gp.likelihood.noise, k(gp.Z), k(gp.Z, gp.O), k(gp.O), k(gp.Z, X),
+                                      k(gp.O, X), whiten=True)
+    torch.testing.assert_close(gp.q_v.u_loc.detach(), m, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close((gp.q_v.u_scale_tril @ gp.q_v.u_scale_tril.mT).detach(), L @ L.mT, rtol=1e-5,
+                               atol=1e-6)
