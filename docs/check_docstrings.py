@@ -34,7 +34,8 @@ CITE = re.compile(
 )
 # infrastructure that implements no paper equation: shapes are required, a citation is not
 NO_PAPER = {"pyro_sparsegp.infer.fit", "pyro_sparsegp.datasets", "pyro_sparsegp.kernels", "pyro_sparsegp.linalg",
-            "pyro_sparsegp.composition", "pyro_sparsegp.data_stream", "pyro_sparsegp.validation"}
+            "pyro_sparsegp.composition", "pyro_sparsegp.data_stream", "pyro_sparsegp.validation",
+            "pyro_sparsegp.deferred"}
 # objects that take or return no tensor: shapes do not apply
 NO_TENSORS = {
     "pyro_sparsegp.infer.fit.FitState", "pyro_sparsegp.infer.fit.NonFiniteLossError",

@@ -34,6 +34,8 @@ import math
 import torch
 from pyro.contrib.gp import kernels as pk
 
+from . import deferred
+
 __all__ = ["kernel_matrix", "kernel_diag", "expected_input_dim", "required_features"]
 
 
@@ -133,12 +135,27 @@ def _centred(X, Z):
     return X - c, Z - c
 
 
-def _gemm_is_exact(x2, z2):
-    """Whether ``x2 + z2 - 2 x.z`` (scaled) errs by less than ``_R2_TOL``: the bound ``4 eps (max x2 + max z2)``."""
+def _decide(exact: torch.Tensor) -> bool:
+    """Read the exactness test ``exact`` (a boolean scalar tensor) back, or, inside
+    :func:`~pyro_sparsegp.deferred.deferred_checks`, take the product form (unless the run switched to the exact
+    differences) and flag a failed test on the device without reading it."""
+    checks = deferred.active()
+    if checks is None:
+        return bool(exact)
+    if checks.exact_kernels:
+        return False
+    checks.record(checks.INEXACT, ~exact)
+    return True
+
+
+def _gemm_is_exact(x2, z2, read=True):
+    """Whether ``x2 + z2 - 2 x.z`` (scaled) errs by less than ``_R2_TOL``: the bound ``4 eps (max x2 + max z2)``.
+    ``read=False``: the test as a boolean tensor, not read back."""
     if x2.numel() == 0 or z2.numel() == 0:
-        return True
+        return True if read else torch.ones((), dtype=torch.bool, device=x2.device)
     tol = _R2_TOL.get(x2.dtype, 1e-3)
-    return bool(4 * torch.finfo(x2.dtype).eps * (x2.detach().max() + z2.detach().max()) <= tol)
+    exact = 4 * torch.finfo(x2.dtype).eps * (x2.detach().max() + z2.detach().max()) <= tol
+    return _decide(exact) if read else exact
 
 
 def _rbf_gemm_is_exact(x2, z2):
@@ -150,7 +167,10 @@ def _rbf_gemm_is_exact(x2, z2):
     decreases there) and times 1 otherwise. The largest such bound over the rows of ``x`` must be within the same
     tolerance as :func:`_gemm_is_exact`'s (now relative to ``var``). A far outlier (heavy-tailed inputs in float32)
     then no longer sends the whole batch to the differences: its kernel values are ``exp(-d^2 / 2)``-small."""
-    if _gemm_is_exact(x2, z2):
+    if x2.numel() == 0 or z2.numel() == 0:
+        return True
+    simple = _gemm_is_exact(x2, z2, read=False)
+    if deferred.active() is None and bool(simple):  # the common case, without the search below
         return True
     a = x2.detach().reshape(-1).sqrt()
     b = z2.detach().reshape(-1).sqrt().sort().values
@@ -159,7 +179,7 @@ def _rbf_gemm_is_exact(x2, z2):
     far = d >= math.sqrt(2)
     decay = torch.where(far, torch.exp(-0.5 * d * d), torch.ones_like(d))
     bound = 4 * torch.finfo(x2.dtype).eps * (a * a + (a + d.clamp(min=math.sqrt(2))).pow(2)) * decay
-    return bool(bound.max() <= _R2_TOL.get(x2.dtype, 1e-3))
+    return _decide(simple | (bound.max() <= _R2_TOL.get(x2.dtype, 1e-3)))
 
 
 def _sqdist_by_differences(Xc, Zc, ls):

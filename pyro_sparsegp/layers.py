@@ -24,6 +24,7 @@ import torch
 from pyro.nn import PyroModule
 
 from . import conditionals as cond
+from . import deferred
 from . import inducing as ind
 from .composition import (
     BoundModule,
@@ -46,6 +47,8 @@ __all__ = ["SVGP", "as_inputs", "ParamStoreWarning", "UntrainableWarning"]
 
 
 def _check_finite(name, t):
+    if deferred.active() is not None:  # fit checked the data once (deferred.py)
+        return
     if not torch.isfinite(t).all():
         raise ValueError(f"{name} contains NaN or inf")
 
@@ -426,7 +429,7 @@ class SVGP(PyroModule):
                 expect = expect + (self.num_outputs,)
             if y.shape[-len(expect) :] != expect:
                 raise ValueError(f"y must have shape [..., {', '.join(map(str, expect))}], got {tuple(y.shape)}")
-            if self.likelihood is not None:
+            if self.likelihood is not None and deferred.active() is None:  # else fit checked y once (deferred.py)
                 self.likelihood.check_y(y)
 
     def _observe(self, f_or_q, y):

@@ -22,6 +22,7 @@ import torch
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
+from . import deferred
 from .composition import seed_context
 from .linalg import gauss_hermite
 
@@ -29,6 +30,8 @@ __all__ = ["Likelihood", "Gaussian", "Bernoulli", "PolyaGammaLogit"]
 
 
 def _check_finite(name, t):
+    if deferred.active() is not None:  # fit checked the data once (deferred.py)
+        return
     if not torch.isfinite(t).all():
         raise ValueError(f"{name} contains NaN or inf")
 
@@ -59,10 +62,14 @@ class Likelihood(PyroModule):
         (``log sigmoid``, ``log Phi``) make the quadrature converge slowly in the width of q(f): measured for
         Bernoulli (worst over means within 3 sd), 20 nodes err by 1.4e-6 nats at sd 2, 6.7e-4 at sd 4, 2.5e-3 at
         sd 5, 1.8e-2 at sd 8; the rule keeps it to 3e-5 at sd 4, 1e-4 at sd 5, 3e-4 at sd 8, 1.4e-3 at sd 12
-        (capped at 100 nodes, 1e-2 at sd 20). ``f_var`` has any shape (``[..., B]``); returns an ``int``.
+        (capped at 100 nodes, 1e-2 at sd 20). Inside :func:`~pyro_sparsegp.deferred.deferred_checks` (``fit`` on a
+        GPU), where ``sd_max`` is not read back, the cap (never fewer nodes than the rule would take). ``f_var`` has
+        any shape (``[..., B]``); returns an ``int``.
         Implements no paper equation: a numerical rule for the quadrature of Hensman et al. 2015, section 4."""
         if f_var.numel() == 0:
             return self.num_gh
+        if deferred.active() is not None:
+            return max(100, self.num_gh)
         sd = float(f_var.detach().max().clamp(min=0).sqrt())
         if not sd > 2.0:  # also NaN: the likelihood's own checks report it
             return self.num_gh
@@ -95,7 +102,8 @@ class Likelihood(PyroModule):
         """Model side: register the observed site ``name`` with ``y ~ distribution(f)`` (call inside the data
         plate). ``prefix`` names any auxiliary site a likelihood adds (``<prefix>.omega``)."""
         if y is not None:
-            self.check_y(y)
+            if deferred.active() is None:  # else fit checked y once (deferred.py)
+                self.check_y(y)
             y = self._as_values(y, f)
         seed_context(self)
         return pyro.sample(name, self.distribution(f), obs=y)
@@ -215,7 +223,8 @@ class PolyaGammaLogit(Bernoulli):
         from .distributions import PolyaGamma, PolyaGammaAugmentedBernoulli
 
         if y is not None:
-            self.check_y(y)
+            if deferred.active() is None:  # else fit checked y once (deferred.py)
+                self.check_y(y)
             y = self._as_values(y, f)
         seed_context(self)
         omega = pyro.sample(f"{prefix}.omega", PolyaGamma(torch.ones_like(f), torch.zeros_like(f)))

@@ -29,6 +29,8 @@ import warnings
 import numpy as np
 import torch
 
+from . import deferred
+
 __all__ = [
     "CholeskyJitterWarning",
     "IllConditionedWarning",
@@ -120,11 +122,19 @@ def cholesky(A: torch.Tensor, jitter: float | None = None, max_tries: int = 6) -
     :raises torch.linalg.LinAlgError: if the matrix is not positive definite even with the largest jitter.
 
     Warns :class:`CholeskyJitterWarning` when the jitter had to be raised and :class:`IllConditionedWarning` when
-    the matrix is numerically singular (the module docstring gives the escalation), each once per cause.
+    the matrix is numerically singular (the module docstring gives the escalation), each once per cause. Inside
+    :func:`~pyro_sparsegp.deferred.deferred_checks` (``fit`` on a GPU) it factorises once with the run's jitter and
+    flags a failure on the device; ``fit`` escalates at its next sync point (:mod:`pyro_sparsegp.deferred`).
     """
     if jitter is None:
         jitter = default_jitter(A.dtype)
     scale = A.diagonal(dim1=-2, dim2=-1).mean(-1).detach().abs().clamp(min=torch.finfo(A.dtype).tiny)
+    checks = deferred.active()
+    if checks is not None:  # one factorisation with the run's jitter; a failure is flagged, not read (deferred.py)
+        eps = (jitter if jitter > 0 else default_jitter(A.dtype)) * checks.jitter_scale
+        L, info = torch.linalg.cholesky_ex(add_diag(A, eps * scale))
+        checks.record(checks.CHOLESKY, info > 0)
+        return L
     if not torch.isfinite(scale).all():
         raise ValueError("cholesky: the matrix contains NaN or inf entries")
     eps = jitter

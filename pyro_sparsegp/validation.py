@@ -21,6 +21,7 @@ import numbers
 
 import torch
 
+from . import deferred
 from .kernels import expected_input_dim, required_features
 from .linalg import _RESET_HOOKS, _warn_once
 
@@ -84,6 +85,8 @@ _RESET_HOOKS.append(_LAST_CHECKED.clear)
 def check_precision(x: torch.Tensor, name: str) -> None:
     """Warn (:class:`InputPrecisionWarning`, once per name and dtype) when the offset of ``x`` dwarfs its spread in
     its own dtype. A tensor checked last time (same object, version, shape) is not scanned again."""
+    if deferred.active() is not None:  # fit checked the data once (deferred.py)
+        return
     key = (id(x), x._version, tuple(x.shape), x.dtype)
     if _LAST_CHECKED.get(name) == key:
         return

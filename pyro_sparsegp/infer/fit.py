@@ -21,6 +21,8 @@ steps are computed from the averaged gradients), so the ranks stay identical and
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import numbers
 import os
@@ -34,6 +36,8 @@ from pyro.infer import TraceMeanField_ELBO
 from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 
+from ..deferred import DeferredChecks, deferred_checks
+from ..linalg import CholeskyJitterWarning, _warn_once
 from .natgrad import natgrad_families, natgrad_from_grads_, noise_natgrad_likelihood, noise_step_from_grads_
 
 __all__ = ["fit", "FitState", "NonFiniteLossError", "save_checkpoint", "load_checkpoint", "EpochBatchSampler"]
@@ -315,6 +319,18 @@ class _Snapshots:
         return None
 
 
+_DEFER_ON_CPU = False  # tests set it to run the deferred checks (every device but the CPU) on the CPU
+_MAX_JITTER_TRIES = 6  # tenfold escalations of a redone window's jitter, as linalg.cholesky's max_tries
+
+
+class _Redo(Exception):
+    """A sync found a deferred check's flag raised in the window (``pyro_sparsegp.deferred``): redo the window."""
+
+    def __init__(self, cholesky: bool, inexact: bool):
+        super().__init__(f"redo the window (failed factorisation: {cholesky}, inexact kernel: {inexact})")
+        self.cholesky, self.inexact = cholesky, inexact
+
+
 def _batches_from_indices(sampler, fetch):
     for idx in sampler:
         yield fetch(idx)
@@ -361,8 +377,9 @@ def fit(
         pass (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`; Hensman et al. 2013 section 3.2), the
         learnable noise variance of a :class:`~pyro_sparsegp.Gaussian` likelihood takes a Fisher-scoring step of the
         same length from the same gradient (:func:`~pyro_sparsegp.infer.natgrad.noise_step_from_grads_`: a running
-        average of the minibatch estimates of its optimum given q(f)), and Adam trains only the other parameters. ``0.1`` is a good start: on UCI protein (M = 256) it was ahead of Adam and
-        of GPyTorch at every epoch (``benchmarks/time_to_accuracy.py``).
+        average of the minibatch estimates of its optimum given q(f)), and Adam trains only the other parameters.
+        ``0.1`` is a good start: on UCI protein, keggundirected and tamielectric (M = 256, 1024) it was ahead of
+        Adam and of GPyTorch at every epoch (``benchmarks/time_to_accuracy.py``).
     :param elbo: ``"analytic"`` (the closed-form bound ``module.analytic_elbo``: no sampling at all; the default for
         modules that have it and a likelihood) or a Pyro ELBO (default for other modules: ``TraceMeanField_ELBO()``).
     :param int seed: seeds the minibatch order (and Pyro's RNG at the start of a fresh run).
@@ -373,7 +390,10 @@ def fit(
     :param int sync_every: how often the loss is read back from the device to check it and show progress (default
         1 on the CPU, where it costs nothing, 20 on a GPU, where each read waits for the device). A numerical failure
         inside a window restores the parameters copied at the start of the window (or of the previous one if the
-        first step failed).
+        first step failed). On every device but the CPU nothing else is read back: the steps' own checks are
+        deferred to these reads (:mod:`pyro_sparsegp.deferred`), and a window in which a Cholesky factorisation
+        failed (or a kernel's product form was inexact) is redone from its start with ten times the jitter (or the
+        exact differences), with a :class:`~pyro_sparsegp.linalg.CholeskyJitterWarning` for the jitter.
     :returns: :class:`FitState` with the per-step losses (negative ELBO estimates).
     :raises NonFiniteLossError: on a numerical failure (non-finite loss or gradient, or an error from non-finite
         parameters), after restoring the last good parameters that were kept; it names the step.
@@ -460,9 +480,16 @@ def fit(
             for p in module.parameters():
                 torch.distributed.broadcast(p.data, src=0)
 
+    # -- deferred checks (no host read inside a step on an accelerator: pyro_sparsegp.deferred) -------------------
+    checks = DeferredChecks(device) if (device.type != "cpu" or _DEFER_ON_CPU) else None
+    if checks is not None and X is not None:  # the value checks the steps skip, once for the whole data
+        lik = getattr(module, "likelihood", None)
+        if lik is not None and hasattr(lik, "check_y"):
+            lik.check_y(y)
+    step_context = (lambda: deferred_checks(checks)) if checks is not None else contextlib.nullcontext
+
     # -- batches ----------------------------------------------------------------------------------------------------
     if loader is None:
-        sampler = EpochBatchSampler(num_data, batch_size, seed, start_step=state.step, rank=rank, world_size=world)
         if X is not None:
             def fetch(idx):
                 idx = idx.to(device, non_blocking=True)
@@ -474,7 +501,11 @@ def fit(
                 yb = torch.as_tensor(yb)
                 yb = yb.to(device=device, dtype=dtype if yb.is_floating_point() else yb.dtype, non_blocking=True)
                 return Xb, yb
-        batches = _batches_from_indices(sampler, fetch)
+        def batches_from(start):
+            sampler = EpochBatchSampler(num_data, batch_size, seed, start_step=start, rank=rank, world_size=world)
+            return _batches_from_indices(sampler, fetch)
+
+        batches = batches_from(state.step)
     else:
         def loader_batches():
             while True:
@@ -483,6 +514,7 @@ def fit(
                     yield Xb, yb.to(device=device, dtype=dtype if yb.is_floating_point() else yb.dtype)
 
         batches = loader_batches()
+        batches_from = None  # a loader cannot be replayed: a redone window continues with its next batches
 
     def loss_fn(Xb, yb):
         if elbo == "analytic":
@@ -490,30 +522,41 @@ def fit(
         return elbo.differentiable_loss(module.model, module.guide, Xb, yb, num_data=num_data)
 
     # -- loop -------------------------------------------------------------------------------------------------------
-    sync_every = (20 if device.type == "cuda" else 1) if sync_every is None else _int("sync_every", sync_every, 1)
+    sync_every = (20 if device.type != "cpu" else 1) if sync_every is None else _int("sync_every", sync_every, 1)
     show = progress and rank == 0
     bar = tqdm(total=num_steps, initial=state.step, disable=not show, desc="fit", dynamic_ncols=True)
     running = None
     snaps = _Snapshots(module)
     window_start = state.step
-    pending = []  # (loss, check) device scalars of the steps since the last sync
+    pending = []  # per step since the last sync: [loss, check] (and the deferred flags so far), on the device
     zero = torch.zeros((), dtype=dtype, device=device)
 
     def sync():
-        """Read back the pending losses; returns the index of the first bad step in the window, or None."""
+        """Read back the pending losses; returns the index of the first bad step in the window, or None. Raises
+        ``_Redo`` when a deferred check's flag was raised at or before the first non-finite loss."""
         nonlocal running, pending
         if not pending:
             return None
-        vals = torch.stack([torch.stack(p) for p in pending]).tolist()
+        table = torch.stack(pending)
+        if checks is not None and world > 1:  # every rank redoes the window if one must
+            flags = table[:, 2:].contiguous()
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+            table[:, 2:] = flags
+        vals = table.tolist()
         pending = []
-        for i, (value, check) in enumerate(vals):
-            if not (math.isfinite(value) and math.isfinite(check)):
-                state.losses.extend(v for v, _ in vals[:i])
-                return i, value
-        state.losses.extend(v for v, _ in vals)
+        bad = next((i for i, row in enumerate(vals) if not (math.isfinite(row[0]) and math.isfinite(row[1]))), None)
+        if checks is not None:
+            flagged = next((i for i, row in enumerate(vals) if row[2] > 0 or row[3] > 0), None)
+            if flagged is not None and (bad is None or flagged <= bad):  # else the non-finite loss came first
+                row = vals[-1]
+                raise _Redo(row[2 + checks.CHOLESKY] > 0, row[2 + checks.INEXACT] > 0)
+        if bad is not None:
+            state.losses.extend(row[0] for row in vals[:bad])
+            return bad, vals[bad][0]
+        state.losses.extend(row[0] for row in vals)
         if show:
-            for value, _ in vals:
-                running = value if running is None else 0.95 * running + 0.05 * value
+            for row in vals:
+                running = row[0] if running is None else 0.95 * running + 0.05 * row[0]
             bar.update(len(vals))
             bar.set_postfix(elbo=f"{-running:.4g}", refresh=False)
         return None
@@ -529,53 +572,93 @@ def fit(
             i, value = bad
             fail(window_start + i, value, window_start + i - 1, exc)
 
-    step = called = state.step
-    try:
-        while step < num_steps:
-            if (step - window_start) % sync_every == 0:
-                snaps.take(step)
-                window_start = step
-            try:
-                Xb, yb = next(batches)
-                for p in all_params:
-                    p.grad = None
+    optimizer_copy = None
+
+    def redo(redo_exc):
+        """A window whose steps used a failed factorisation or an inexact kernel: back to its start, with the remedy
+        (pyro_sparsegp.deferred), on the same minibatches."""
+        nonlocal pending, batches
+        pending = []
+        snaps.restore(window_start)
+        optimizer.load_state_dict(copy.deepcopy(optimizer_copy))  # the copy may serve another redo
+        checks.reset()
+        if redo_exc.cholesky:
+            checks.jitter_scale *= 10.0
+            if checks.jitter_scale > 10.0**_MAX_JITTER_TRIES:
+                raise torch.linalg.LinAlgError(
+                    f"fit: a Cholesky factorisation failed at step {window_start} or the {sync_every - 1} after it "
+                    f"even with {checks.jitter_scale / 10:.0e} times the base jitter; check the inputs (duplicate "
+                    "points, NaN) and the kernel hyperparameters")
+            _warn_once(("fit-jitter", checks.jitter_scale), f"fit: a Cholesky factorisation failed in the window "
+                       f"from step {window_start}; the window is redone with the jitter raised to "
+                       f"{checks.jitter_scale:.0e} times the base for the rest of the run", CholeskyJitterWarning)
+        if redo_exc.inexact:
+            checks.exact_kernels = True
+        if batches_from is not None:
+            batches = batches_from(window_start)
+        return window_start
+
+    def one_step(step):
+        """One optimisation step, and the sync, callbacks and checkpoint due after it; returns the next step."""
+        nonlocal window_start, called, optimizer_copy
+        if (step - window_start) % sync_every == 0:
+            snaps.take(step)
+            window_start = step
+            if checks is not None:  # a redone window restarts Adam's moments too (one device copy per window)
+                optimizer_copy = copy.deepcopy(optimizer.state_dict())
+        try:
+            Xb, yb = next(batches)
+            for p in all_params:
+                p.grad = None
+            with step_context():
                 loss = loss_fn(Xb, yb)
                 loss.backward()
-                if world > 1:  # data-parallel: average the loss and the gradients over ranks
-                    loss = _average(loss.detach().clone().reshape(1))[0]
-                    for p in all_params:
-                        if p.grad is not None:
-                            _average(p.grad)
-                grads = [p.grad for p in all_params if p.grad is not None]
-                check = loss.detach() + (torch.stack(torch._foreach_norm(grads, float("inf"))).sum() * 0
-                                         if grads else zero)
-                pending.append((loss.detach(), check))
-                if sync_every == 1 or (step + 1 - window_start) % sync_every == 0 or step + 1 == num_steps:
-                    check_pending()
+            if world > 1:  # data-parallel: average the loss and the gradients over ranks
+                loss = _average(loss.detach().clone().reshape(1))[0]
+                for p in all_params:
+                    if p.grad is not None:
+                        _average(p.grad)
+            grads = [p.grad for p in all_params if p.grad is not None]
+            check = loss.detach() + (torch.stack(torch._foreach_norm(grads, float("inf"))).sum() * 0
+                                     if grads else zero)
+            row = torch.stack([loss.detach(), check])
+            pending.append(row if checks is None else torch.cat([row, checks.flags.to(row.dtype)]))
+            if sync_every == 1 or (step + 1 - window_start) % sync_every == 0 or step + 1 == num_steps:
+                check_pending()
+            with step_context():
                 optimizer.step()
                 for q in families:
                     natgrad_from_grads_(q, natgrad_lr)
                 if noise_lik is not None:  # y [B] or [B, L]: num_data * L observations share the noise
                     noise_step_from_grads_(noise_lik, natgrad_lr, num_data * (yb.numel() // max(yb.shape[0], 1)))
-            except NonFiniteLossError:
+        except (NonFiniteLossError, _Redo):
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified: only numerical failures are caught
+            if not _is_numerical(exc, module):
                 raise
-            except Exception as exc:  # noqa: BLE001 - classified: only numerical failures are caught
-                if not _is_numerical(exc, module):
-                    raise
-                check_pending(exc)
-                # the losses up to this step were finite: the parameters of this step are the last good ones
-                # unless the failure came from its own loss evaluation (then the previous step's)
-                in_update = len(state.losses) > step
-                fail(step, float("nan"), step if in_update else step - 1, exc,
-                     reason=f"numerical failure ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})")
-            step += 1
-            state.step = step
-            while callback is not None and called < len(state.losses):  # the steps whose losses are read back
-                called += 1
-                callback(called, state.losses[called - 1])
-            if checkpoint and checkpoint_every and step % checkpoint_every == 0 and rank == 0:
-                check_pending()
-                save_checkpoint(checkpoint, module, optimizer, state, run_key)
+            check_pending(exc)
+            # the losses up to this step were finite: the parameters of this step are the last good ones
+            # unless the failure came from its own loss evaluation (then the previous step's)
+            in_update = len(state.losses) > step
+            fail(step, float("nan"), step if in_update else step - 1, exc,
+                 reason=f"numerical failure ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})")
+        step += 1
+        state.step = step
+        while callback is not None and called < len(state.losses):  # the steps whose losses are read back
+            called += 1
+            callback(called, state.losses[called - 1])
+        if checkpoint and checkpoint_every and step % checkpoint_every == 0 and rank == 0:
+            check_pending()
+            save_checkpoint(checkpoint, module, optimizer, state, run_key)
+        return step
+
+    step = called = state.step
+    try:
+        while step < num_steps:
+            try:
+                step = one_step(step)
+            except _Redo as redo_exc:
+                step = state.step = redo(redo_exc)
         check_pending()
     finally:
         bar.close()

@@ -30,6 +30,7 @@ import numbers
 import torch
 from pyro.distributions.transforms import LowerCholeskyTransform, transform_to
 
+from .. import deferred
 from ..bounds.polya_gamma import optimal_c, pg_mean
 from ..likelihoods import Gaussian, PolyaGammaLogit
 from ..linalg import _warn_once, solve_lower
@@ -341,7 +342,7 @@ def natgrad_from_grads_(q, lr: float) -> None:
         return torch.linalg.cholesky_ex(K.flip(-1, -2))  # chol(J K J)
 
     D, info = factor(rho)
-    if D.device.type == "cpu":
+    if D.device.type == "cpu" and deferred.active() is None:
         # damping (the module docstring): halve the step of each output whose new precision would not be positive
         # definite (a non-log-concave likelihood, or too long a step); after _MAX_HALVINGS that output stays put
         halvings = 0
@@ -412,7 +413,8 @@ def noise_step_from_grads_(likelihood, lr: float, num_obs) -> None:
 def noise_natgrad_likelihood(module):
     """The :class:`~pyro_sparsegp.Gaussian` likelihood of ``module`` whose learnable noise
     :func:`noise_step_from_grads_` trains beside the natural-gradient families, or ``None`` (no likelihood, another
-    likelihood, or a noise with a prior: a ``PyroSample`` is its guide's to train)."""
+    likelihood, or a noise with a prior: a ``PyroSample`` is its guide's to train). The step's noise is a scalar
+    ``()``; the Fisher-scoring step of Hensman, Fusi, Lawrence 2013, eq. 4 in the noise precision."""
     lik = getattr(module, "likelihood", None)
     if isinstance(lik, Gaussian) and "noise" in getattr(lik, "_pyro_params", {}):
         return lik
