@@ -56,7 +56,8 @@ def main(argv=None):
     test_ll = (pred.log_prob(yte) - math.log(y_std)).mean().item()
     print(
         f"UCI power plant (N_train={N}, N_test={len(yte)}, D={D}), SVGP M={args.M}, batch={args.batch}, "
-        f"{args.steps} steps (natural gradients on q(u) and the noise, Adam on the kernel and Z) in {seconds:.1f} s, {dtype}"
+        f"{args.steps} steps (natural gradients on q(u) and the noise, Adam on the kernel and Z) in {seconds:.1f} s, "
+        f"{dtype}"
     )
     print(f"test RMSE           {rmse:.3f} MW")
     print(f"test log-likelihood {test_ll:.4f} nats per point")
