@@ -168,8 +168,8 @@ def test_fit_with_natural_gradients_reaches_the_solvegp_optimum():
     fit(gp, X, y, num_steps=60, batch_size=N, lr=1e-12, natgrad_lr=1.0, progress=False)
     k = gp.kernel
     with torch.no_grad():
-        noise = gp.likelihood.noise
-        m28, L29 = SB.solvegp_optimal_q_v(y, noise, k(gp.Z), k(gp.Z, gp.O), k(gp.O), k(gp.Z, X), k(gp.O, X), whiten=True)
+        s2 = gp.likelihood.noise
+        m28, L29 = SB.solvegp_optimal_q_v(y, s2, k(gp.Z), k(gp.Z, gp.O), k(gp.O), k(gp.Z, X), k(gp.O, X), whiten=True)
     _close(gp.q_v.u_loc, m28, 1e-5)
     _close(gp.q_v.u_scale_tril @ gp.q_v.u_scale_tril.mT, L29 @ L29.mT, 1e-5)
 
