@@ -135,7 +135,7 @@ def test_noise_step_moves_to_the_optimum_given_q(num_outputs, lr):
                 assert gp.analytic_elbo(X, y) < best
 
 
-def test_noise_step_needs_a_gradient_and_skips_a_noise_with_a_prior():
+def test_noise_step_needs_a_gradient_and_skips_a_frozen_noise_or_one_with_a_prior():
     import pyro.distributions as dist
     from pyro.nn import PyroSample
 
@@ -143,6 +143,11 @@ def test_noise_step_needs_a_gradient_and_skips_a_noise_with_a_prior():
     with pytest.raises(ValueError, match="backward"):
         noise_step_from_grads_(gp.likelihood, 0.5, N)
     assert noise_natgrad_likelihood(gp) is gp.likelihood
+    gp.likelihood.noise_unconstrained.requires_grad_(False)  # frozen by the user: fit leaves it alone
+    assert noise_natgrad_likelihood(gp) is None
+    before = gp.likelihood.noise.detach().clone()
+    fit(gp, X, y, num_steps=2, batch_size=N, natgrad_lr=0.5, progress=False)
+    assert torch.equal(gp.likelihood.noise.detach(), before)
     gp.likelihood.noise = PyroSample(dist.LogNormal(-2.0, 1.0))
     assert noise_natgrad_likelihood(gp) is None
     gp.likelihood = ps.Bernoulli()
@@ -173,3 +178,22 @@ def test_fit_with_natural_gradients_reaches_the_collapsed_optimum_in_the_noise(n
         torch.testing.assert_close(gp.likelihood.noise.detach(), noise, rtol=1e-5, atol=0)
         m, L = B.optimal_qu(yt, noise, Kuu, Kuf)
     torch.testing.assert_close(gp.q_u.u_loc.detach(), m, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.float64
+def test_noise_step_respects_a_lower_bound_constraint():
+    """A noise constrained to ``> c`` (another transform than exp) still moves to S/n, and never below ``c``."""
+    import pyro.distributions.constraints as constraints
+    from pyro.nn import PyroParam
+
+    X, y, gp = _gp(whiten=True)
+    gp.likelihood.noise = PyroParam(torch.tensor(0.3), constraints.greater_than(0.01))
+    gaussian_natgrad_step(gp, X, y, lr=1.0)
+    target = _noise_optimum(gp, X, y)
+    (-gp.analytic_elbo(X, y)).backward()
+    noise_step_from_grads_(gp.likelihood, 1.0, N)
+    torch.testing.assert_close(gp.likelihood.noise.detach(), target, rtol=1e-10, atol=0)
+    gp.likelihood.noise_unconstrained.grad = torch.tensor(1e6)  # a step that would leave the support is refused
+    before = gp.likelihood.noise.detach().clone()
+    noise_step_from_grads_(gp.likelihood, 1.0, N)
+    assert torch.equal(gp.likelihood.noise.detach(), before)

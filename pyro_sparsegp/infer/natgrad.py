@@ -413,11 +413,12 @@ def noise_step_from_grads_(likelihood, lr: float, num_obs) -> None:
 def noise_natgrad_likelihood(module):
     """The :class:`~pyro_sparsegp.Gaussian` likelihood of ``module`` whose learnable noise
     :func:`noise_step_from_grads_` trains beside the natural-gradient families, or ``None`` (no likelihood, another
-    likelihood, or a noise with a prior: a ``PyroSample`` is its guide's to train). The step's noise is a scalar
+    likelihood, a frozen noise (``requires_grad_(False)``), or a noise with a prior: a ``PyroSample`` is its guide's
+    to train). The step's noise is a scalar
     ``()``; the Fisher-scoring step of Hensman, Fusi, Lawrence 2013, eq. 4 in the noise precision."""
     lik = getattr(module, "likelihood", None)
     if isinstance(lik, Gaussian) and "noise" in getattr(lik, "_pyro_params", {}):
-        return lik
+        return lik if lik.noise_unconstrained.requires_grad else None
     return None
 
 
