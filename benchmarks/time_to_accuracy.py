@@ -197,6 +197,8 @@ def main():
                 for model, tr in runs.items():
                     ends = [f"{ll:.3f}" for s, _, ll, _ in tr.points if s % per_epoch == 0 or s == steps]
                     print(f"#     {model:9s} " + " ".join(ends), flush=True)
+                if args.json:  # the rows so far, after every cell (a long grid that is stopped keeps them)
+                    write_json(args.json, rows)
     print("\nTime to GPyTorch's final test log-likelihood (seconds of training; ratio = ours / GPyTorch):")
     print(table(rows, ["dataset", "M", "dtype", "model", "test_ll", "rmse", "seconds", "reach_s", "ratio"]))
     write_json(args.json, rows)
