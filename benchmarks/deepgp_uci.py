@@ -19,6 +19,7 @@ never worse than SVGP by more than two standard errors; deep SOLVE-GP at least a
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -124,7 +125,22 @@ def main():
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--test-samples", type=int, default=100)
     p.add_argument("--float32", action="store_true", help="train in float32 (default float64)")
+    p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                   help="tabulate the rows of these JSON files (runs split over processes) instead of running; "
+                        "a (dataset, model, split) found twice keeps the last file's row")
     args = p.parse_args()
+    if args.merge:
+        merged = {}
+        for path in args.merge:
+            with open(path) as fh:
+                for r in json.load(fh):
+                    merged[(r["dataset"], r["model"], r["split"])] = r
+        rows = list(merged.values())
+        summary = summarize(rows)
+        print(table(summary, ["dataset", "model", "splits", "test_ll", "ll_se", "rmse", "rmse_se", "train_s"]))
+        print("\n".join(check_targets(summary)))
+        write_json(args.json, rows)
+        return
     setup(args)
     print(machine_note(args.threads))
     torch.set_default_dtype(torch.float32 if args.float32 else torch.float64)
