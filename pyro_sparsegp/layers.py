@@ -38,19 +38,12 @@ from .composition import plate as data_plate
 from .distributions import MarginalizedLikelihood
 from .distributions.kl import ConditionalNormal
 from .kernels import kernel_matrix
-from .likelihoods import Likelihood
+from .likelihoods import Likelihood, _check_finite
 from .linalg import cholesky, project_chol, solve_lower, whitened_marginals
 from .validation import check_data, check_module_args, check_predict
 from .variational import GaussianQ
 
 __all__ = ["SVGP", "as_inputs", "ParamStoreWarning", "UntrainableWarning"]
-
-
-def _check_finite(name, t):
-    if deferred.active() is not None:  # fit checked the data once (deferred.py)
-        return
-    if not torch.isfinite(t).all():
-        raise ValueError(f"{name} contains NaN or inf")
 
 
 class _XKey:
