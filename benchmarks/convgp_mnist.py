@@ -29,7 +29,6 @@ import numpy as np
 import pyro
 import torch
 from pyro.contrib.gp.kernels import RBF
-from pyro.infer import SVI, TraceMeanField_ELBO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,10 +38,12 @@ from _common import parser, setup, table, write_json  # noqa: E402
 
 import pyro_sparsegp as ps  # noqa: E402
 from pyro_sparsegp.conv import ConvLayer, DeepConvGP, init_patches, kmeans, log_likelihood_and_accuracy  # noqa: E402
+from pyro_sparsegp.infer import fit  # noqa: E402
 from pyro_sparsegp.linalg import cholesky  # noqa: E402
 
 IMG = (28, 28, 1)
 KEYS = ("dataset", "model", "M", "accuracy", "test_ll", "s_per_iter")
+EXTRA = ("peak_mem_MB", "curve")  # beside the issue's keys: memory per step, test metrics during training
 PAPER_S_PER_ITER = 0.241  # conv SVGP, M = 1000, |B| = 64, one GPU (Shi et al. 2020, table 8)
 
 
@@ -118,7 +119,7 @@ def build(model, Xtr, M, args):
             out = ps.SOLVEGP(k, Z, O, lik, num_outputs=10, whiten=False, integrate_f=True, name="out")
         else:
             out = ps.SVGP(k, Z, lik, num_outputs=10, whiten=False, integrate_f=True, name="out")
-        gp = DeepConvGP([hidden], out)
+        gp = DeepConvGP([hidden], out, num_samples=args.particles)
         # output-layer patches: k-means of patches of hidden-layer samples at initialisation (propagated through the
         # initial model, as Shi et al. propagate images through random filters), the output patch kernel's lengthscale
         # from their median distance (the hidden samples' scale is set by the hidden kernel's variance); q(u), q(v)
@@ -160,6 +161,21 @@ def memory_mb():
     return float("nan")
 
 
+def train(gp, Xtr, ytr, args, on_step):
+    """``fit`` (the package's training loop) on the model's closed-form estimator (``analytic_elbo``: no sampling
+    for the single-layer models, the expected log-likelihoods by Gauss-Hermite quadrature; the deep ones propagate
+    ``--particles`` samples through the hidden layers' marginals), Adam at ``--lr``, annealed x0.25 every
+    ``--anneal-every`` iterations as in Shi et al. (appendix G.2): one ``fit`` call per stage (Adam's moments
+    restart with each stage)."""
+    done, lr = 0, args.lr
+    while done < args.iters:
+        n = min(args.anneal_every, args.iters - done)
+        offset = done
+        fit(gp, Xtr, ytr, num_steps=n, batch_size=args.batch, lr=lr, natgrad_lr=None, seed=1 + done,
+            progress=False, callback=lambda step, loss, o=offset: on_step(o + step, loss))
+        done, lr = done + n, lr * 0.25
+
+
 def run(dataset, model, M, data, args):
     Xtr, ytr, Xte, yte = data
     pyro.set_rng_seed(0)
@@ -167,23 +183,25 @@ def run(dataset, model, M, data, args):
         torch.cuda.reset_peak_memory_stats()
     gp, predict = build(model, Xtr, M, args)
     N = len(Xtr)
-    elbo = TraceMeanField_ELBO(num_particles=args.particles, vectorize_particles=args.particles > 1,
-                               max_plate_nesting=2)
-    decay = 0.25 ** (1.0 / args.anneal_every)
-    opt = pyro.optim.ClippedAdam({"lr": args.lr, "lrd": decay})
-    svi = SVI(gp.model, gp.guide, opt, elbo)
-    g = torch.Generator().manual_seed(1)
-    mem, losses, t_train = 0.0, [], 0.0
-    for it in range(1, args.iters + 1):
-        idx = torch.randint(0, N, (args.batch,), generator=g)
-        t0 = time.perf_counter()
-        loss = svi.step(Xtr[idx], ytr[idx], num_data=N)
-        t_train += time.perf_counter() - t0
-        losses.append(loss / N)
-        mem = max(mem, memory_mb())
+    state = {"mem": 0.0, "losses": [], "t": time.perf_counter(), "eval": 0.0, "curve": []}
+
+    def on_step(it, loss):
+        state["losses"].append(loss / N)
+        state["mem"] = max(state["mem"], memory_mb())
         if it % args.log_every == 0 or it == args.iters:
-            print(f"#   {dataset} {model} it {it}: loss/N {np.mean(losses[-args.log_every:]):.4f}, "
-                  f"{t_train / it:.3f} s/iter, peak memory {mem:.0f} MB", flush=True)
+            t_train = time.perf_counter() - state["t"] - state["eval"]
+            msg = (f"#   {dataset} {model} it {it}: loss/N {np.mean(state['losses'][-args.log_every:]):.4f}, "
+                   f"{t_train / it:.3f} s/iter, peak memory {state['mem']:.0f} MB")
+            if args.curve_every and it % args.curve_every == 0:
+                t0 = time.perf_counter()
+                ll, acc = log_likelihood_and_accuracy(predict(Xte[: args.curve_n]), yte[: args.curve_n])
+                state["eval"] += time.perf_counter() - t0
+                state["curve"].append({"iter": it, "accuracy": acc, "test_ll": ll, "train_s": t_train})
+                msg += f", test acc {acc:.4f} / LL {ll:.3f} on {min(args.curve_n, len(Xte))} test images"
+            print(msg, flush=True)
+
+    train(gp, Xtr, ytr, args, on_step)
+    t_train = time.perf_counter() - state["t"] - state["eval"]
     t0 = time.perf_counter()
     probs = predict(Xte)
     ll, acc = log_likelihood_and_accuracy(probs, yte)
@@ -193,7 +211,8 @@ def run(dataset, model, M, data, args):
     if model == "deep_solve":
         Mn = f"{M[0]}+{M[0]},{M[1]}+{M[1]}"
     return {"dataset": dataset, "model": model, "M": Mn, "accuracy": acc, "test_ll": ll,
-            "s_per_iter": t_train / args.iters, "peak_mem_MB": mem, "eval_s": time.perf_counter() - t0}
+            "s_per_iter": t_train / args.iters, "peak_mem_MB": state["mem"], "eval_s": time.perf_counter() - t0,
+            "curve": state["curve"]}
 
 
 def main():
@@ -211,10 +230,13 @@ def main():
     p.add_argument("--variance", type=float, default=5.0)
     p.add_argument("--location-lengthscale", type=float, default=3.0)
     p.add_argument("--per-centre", type=int, default=100, help="k-means on M x this many patches")
-    p.add_argument("--particles", type=int, default=1)
+    p.add_argument("--particles", type=int, default=1, help="samples propagated per training step (deep models)")
     p.add_argument("--samples", type=int, default=5, help="propagated samples for deep-model prediction")
     p.add_argument("--eval-batch", type=int, default=250)
     p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--curve-every", type=int, default=0,
+                   help="test accuracy / LL on the first --curve-n test images every this many iterations (0: off)")
+    p.add_argument("--curve-n", type=int, default=1000)
     p.add_argument("--float64", action="store_true")
     args = p.parse_args()
     setup(args)
@@ -232,13 +254,14 @@ def main():
             m = {"conv2M": 2 * M, "deep": Md, "deep_solve": Md}.get(model, M)
             row = run(dataset, "conv" if model == "conv2M" else model, m, data, args)
             rows.append(row)
-            print(table([row], list(row)), flush=True)
-            write_json(args.json, [{k: r[k] for k in KEYS} for r in rows])  # after every row: a partial run counts
+            print(table([row], [k for k in row if k != "curve"]), flush=True)
+            # after every row: a partial run counts
+            write_json(args.json, [{k: r[k] for k in KEYS + EXTRA} for r in rows])
     for r in rows:
         r["paper_conv_s_per_iter"] = PAPER_S_PER_ITER
         r["ratio_to_paper"] = r["s_per_iter"] / PAPER_S_PER_ITER
-    print("\n" + table(rows, list(rows[0])))
-    write_json(args.json, [{k: r[k] for k in KEYS} for r in rows])
+    print("\n" + table(rows, [k for k in rows[0] if k != "curve"]))
+    write_json(args.json, [{k: r[k] for k in KEYS + EXTRA} for r in rows])
 
 
 if __name__ == "__main__":
