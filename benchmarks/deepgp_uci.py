@@ -60,6 +60,7 @@ def run_one(name, split, model, args):
     dgp = make(model, X, args.M, split)
     t = time.perf_counter()
     ps.infer.fit(dgp, X, y, num_steps=args.steps, batch_size=args.batch, lr=args.lr, elbo="analytic",
+                 natgrad_lr=None if args.adam_only else "auto",
                  seed=split, progress=False)
     train_s = time.perf_counter() - t
     with torch.no_grad():
@@ -143,6 +144,9 @@ def main():
     p.add_argument("--M", type=int, default=100, help="inducing points per layer")
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--adam-only", action="store_true",
+                   help="Adam on everything, as the reference code (default: fit's natural-gradient steps on the "
+                        "last layer's q(u) (and q(v)) and on the noise, Adam on the rest)")
     p.add_argument("--test-samples", type=int, default=100)
     p.add_argument("--float32", action="store_true", help="train in float32 (default float64)")
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,

@@ -20,8 +20,15 @@ next layer's input, ``[..., B, P_out*C_out]`` (flattened ``[H_out, W_out, C_out]
 **Deep model** (:class:`DeepConvGP`): hidden :class:`ConvLayer` s feeding an output :class:`~pyro_sparsegp.SVGP` or
 :class:`~pyro_sparsegp.SOLVEGP` with a :class:`~pyro_sparsegp.kernels_conv.TICK` kernel, indexed inducing patches
 and a multi-class likelihood (latent functions integrated by quadrature given ``u``). ``Trace_ELBO`` (or
-``TraceMeanField_ELBO`` for analytic KLs) with vectorised particles estimates eq. 11 of Shi et al. (eq. 39 for the
-variational distribution; SVGP layers: Salimbeni and Deisenroth 2017, eq. 4 with sampled ``u``).
+``TraceMeanField_ELBO`` for analytic KLs) with vectorised particles on ``model``/``guide`` estimates eq. 11 of Shi et
+al. (eq. 39 for the variational distribution; SVGP layers: Salimbeni and Deisenroth 2017, eq. 4 with sampled ``u``).
+:meth:`DeepConvGP.analytic_elbo` is the estimator that ``fit`` maximises by default: every ``u`` integrated out, each
+hidden location and channel sampled from its marginal of ``q`` (Salimbeni and Deisenroth's eq. 7, as GPflux's
+convolutional layers sample), the output layer's expectation by quadrature. Its variance is far smaller. Where an
+output patch spans several hidden locations the two estimate slightly different objectives: sampling ``u`` keeps the
+correlation that ``u`` induces between the locations of one image, the marginals drop it (both drop the correlation
+of ``p(F | u)`` between locations, as Dutordoir et al. 2020 and Shi et al., appendix G.2, do). With one hidden
+location per output patch, or a point-mass ``q(u)``, they estimate the same bound (tested).
 """
 
 from __future__ import annotations
@@ -287,6 +294,7 @@ class DeepConvGP(PyroModule):
             for i, layer in enumerate(self.hidden):
                 H = layer.sample_marginal(H, num_samples if i == 0 else None)
             mean, var = self.output.qf(H)
+            self.output._cache.clear()  # no [S, K, B]-sized factors kept after prediction
             out.append(self.output.likelihood.predictive(mean, var).probs)
         return torch.cat(out, -2)
 
