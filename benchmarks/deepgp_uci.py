@@ -19,6 +19,7 @@ never worse than SVGP by more than two standard errors; deep SOLVE-GP at least a
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -46,18 +47,18 @@ def n_splits(name: str) -> int:
     return len(list((SHARED_DATA / name / "gal_splits").glob("index_test_*.txt")))
 
 
-def make(model: str, X: torch.Tensor, M: int, seed: int):
+def make(model: str, X: torch.Tensor, M: int, seed: int, whiten: bool = True):
     width = min(30, X.shape[1])
     hidden = {"svgp": [], "dgp2": [width], "dgp3": [width, width], "solve2": [width]}[model]
     kw = dict(num_inducing=M // 2, num_orthogonal=M - M // 2) if model == "solve2" else dict(num_inducing=M)
-    return build_deep_gp(X, hidden, ps.Gaussian(0.05), num_samples=5, seed=seed, **kw)
+    return build_deep_gp(X, hidden, ps.Gaussian(0.05), num_samples=5, seed=seed, whiten=whiten, **kw)
 
 
 def run_one(name, split, model, args):
     torch.manual_seed(split)
     data = load_regression(name, split)
     X, y, Xt, yt, _, ystd = data.standardized()
-    dgp = make(model, X, args.M, split)
+    dgp = make(model, X, args.M, split, args.whiten)
     t = time.perf_counter()
     ps.infer.fit(dgp, X, y, num_steps=args.steps, batch_size=args.batch, lr=args.lr, elbo="analytic",
                  natgrad_lr=None if args.adam_only else "auto",
@@ -144,6 +145,9 @@ def main():
     p.add_argument("--M", type=int, default=100, help="inducing points per layer")
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--whiten", action=argparse.BooleanOptionalAction, default=True,
+                   help="whitened q(u) (and q(v)) in every layer (default); --no-whiten as the reference code and "
+                        "Shi et al.'s deep models")
     p.add_argument("--adam-only", action="store_true",
                    help="Adam on everything, as the reference code (default: fit's natural-gradient steps on the "
                         "last layer's q(u) (and q(v)) and on the noise, Adam on the rest)")
