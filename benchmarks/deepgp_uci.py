@@ -35,10 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import load_regression, machine_note, parser, setup, table, write_json  # noqa: E402
 
 import pyro_sparsegp as ps  # noqa: E402
-from pyro_sparsegp.deep import build_deep_gp  # noqa: E402
+from pyro_sparsegp.deep import DeepGP, build_deep_gp  # noqa: E402
 
 DATASETS = ["housing", "concrete", "energy", "kin8nm", "naval", "powerplant", "protein", "wine", "yacht"]
 MODELS = ["svgp", "dgp2", "solve2", "dgp3"]
+DIAGNOSTIC = ["solve1", "svgp_solve", "solve_svgp"]  # where deep SOLVE-GP loses to DGP 2 (make())
 
 
 def n_splits(name: str) -> int:
@@ -48,10 +49,19 @@ def n_splits(name: str) -> int:
 
 
 def make(model: str, X: torch.Tensor, M: int, seed: int, whiten: bool = True):
+    """``svgp``, ``dgp2``, ``dgp3``, ``solve2`` (every layer SOLVE-GP with M/2 + M/2), and diagnostics (not run by
+    default): ``solve1`` (one SOLVE-GP layer), ``svgp_solve`` (SVGP hidden layer, SOLVE-GP last layer) and
+    ``solve_svgp`` (SOLVE-GP hidden, SVGP last), built from the same initialisation as ``dgp2`` and ``solve2``."""
     width = min(30, X.shape[1])
-    hidden = {"svgp": [], "dgp2": [width], "dgp3": [width, width], "solve2": [width]}[model]
-    kw = dict(num_inducing=M // 2, num_orthogonal=M - M // 2) if model == "solve2" else dict(num_inducing=M)
-    return build_deep_gp(X, hidden, ps.Gaussian(0.05), num_samples=5, seed=seed, whiten=whiten, **kw)
+    build = lambda hidden, **kw: build_deep_gp(X, hidden, ps.Gaussian(0.05), num_samples=5, seed=seed,  # noqa: E731
+                                               whiten=whiten, **kw)
+    svgp_kw, solve_kw = dict(num_inducing=M), dict(num_inducing=M // 2, num_orthogonal=M - M // 2)
+    if model in ("svgp_solve", "solve_svgp"):
+        a, b = build([width], **svgp_kw), build([width], **solve_kw)
+        hidden, last = (a, b) if model == "svgp_solve" else (b, a)
+        return DeepGP([hidden.layers[0], last.layers[1]], num_samples=5)
+    hidden = {"svgp": [], "solve1": [], "dgp2": [width], "dgp3": [width, width], "solve2": [width]}[model]
+    return build(hidden, **(solve_kw if model.startswith("solve") else svgp_kw))
 
 
 def run_one(name, split, model, args):
@@ -139,7 +149,7 @@ def paired_solve_vs_dgp2(rows):
 def main():
     p = parser(__doc__)
     p.add_argument("--datasets", nargs="+", default=None, choices=DATASETS)
-    p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS + DIAGNOSTIC)
     p.add_argument("--splits", nargs="+", type=int, default=None, help="split indices (default: all)")
     p.add_argument("--steps", type=int, default=None, help="Adam steps (default 5000; --quick 1500)")
     p.add_argument("--M", type=int, default=100, help="inducing points per layer")
