@@ -2,10 +2,12 @@
 against an SVGP on explicitly sliced patches, and the deep model's ELBO under vectorised particles."""
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+from pyro.nn import PyroSample
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.conv import ConvLayer, DeepConvGP, init_patches, log_likelihood_and_accuracy
@@ -165,3 +167,8 @@ def test_fit_trains_a_deep_conv_gp_on_its_analytic_elbo():
     assert last < first
     with pytest.raises(ValueError, match="num_samples"):
         DeepConvGP(list(gp.hidden), gp.output, num_samples=0)
+    # a PyroSample hyperparameter has no value outside a Pyro program: the closed-form estimator says so loudly
+    # (rather than drawing it from the prior at every read); model/guide under SVI remain the way to train it
+    gp.hidden[0].gp.kernel.lengthscale = PyroSample(dist.LogNormal(0.0, 1.0))
+    with pytest.raises(ValueError, match="PyroSample"):
+        fit(gp, X, y, num_steps=1, batch_size=20, progress=False)
