@@ -268,9 +268,15 @@ class DeepConvGP(PyroModule):
         Gauss-Hermite quadrature at each sample, and the KL terms in closed form:
         ``num_data / B * 1/S * sum_s sum_n E_{q(f_n | h_n(s))}[log p(y_n | f_n)] - sum_l KL_l``.
 
-        Unbiased for the same bound as :meth:`model`/:meth:`guide` under ``Trace_ELBO``, which samples every
-        ``u`` as well and so has a much larger variance (on MNIST the sampled estimator left chance level only
-        after thousands of steps). ``fit(module, X, y)`` maximises this estimator."""
+        ``model``/``guide`` under ``Trace_ELBO`` sample every ``u`` as well: a much noisier estimate, and of the same
+        bound only where the correlation ``u`` induces between hidden locations cannot matter (module docstring).
+        ``fit(module, X, y)`` maximises this estimator."""
+        if y is None:
+            raise ValueError("the bound needs the observations: pass y (analytic_elbo(X, y))")
+        D = math.prod(self.hidden[0].image_shape)
+        if X.dim() != 2 or X.shape[-1] != D or y.shape != X.shape[:1]:
+            raise ValueError(f"X must be [B, {D}] (flattened images) and y [B]; got {tuple(X.shape)} and "
+                             f"{tuple(y.shape)}")
         S = self.num_samples if num_samples is None else int(num_samples)
         H = X
         for i, layer in enumerate(self.hidden):

@@ -167,6 +167,8 @@ def test_fit_trains_a_deep_conv_gp_on_its_analytic_elbo():
     assert last < first
     with pytest.raises(ValueError, match="num_samples"):
         DeepConvGP(list(gp.hidden), gp.output, num_samples=0)
+    with pytest.raises(ValueError, match="flattened images"):
+        gp.analytic_elbo(X[:, :-1], y)
     # a PyroSample hyperparameter has no value outside a Pyro program: the closed-form estimator says so loudly
     # (rather than drawing it from the prior at every read); model/guide under SVI remain the way to train it
     gp.hidden[0].gp.kernel.lengthscale = PyroSample(dist.LogNormal(0.0, 1.0))
