@@ -43,7 +43,7 @@ from . import inducing as ind
 from .composition import draw_hyperparameters, layer_method, sampled_attributes
 from .distributions.kl import ConditionalNormal
 from .layers import SVGP, _XKey
-from .linalg import cholesky, gram, project_chol
+from .linalg import cholesky, gram, project_chol, solve_lower
 from .validation import check_orthogonal_inputs
 from .variational import GaussianQ
 
@@ -97,6 +97,7 @@ class SOLVEGP(SVGP):
             with torch.no_grad():
                 scale_tril = self._factors()[1]  # not the layer method: the module may still be nested
         self.q_v = GaussianQ(M2, num_outputs, scale_tril, learn_scale=not odvgp)
+        self._cross_probe = None  # set by the joint natural-gradient step (see _cross_var)
 
     @property
     def O(self) -> torch.Tensor:  # noqa: E743 (the paper's name)
@@ -247,7 +248,23 @@ class SOLVEGP(SVGP):
         Luu, Lc, B, D, kdiag = self._stats(X, consume)
         lu, vu = cond.qf_terms(B, self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
         lv, vv = cond.qf_terms(D, self.q_v.u_loc, self._v_scale(Lc), None if self.whiten else Lc)
-        return lu + lv + self._mean(X), cond.clamp_var(kdiag + vu + vv)
+        var = kdiag + vu + vv
+        if self._cross_probe is not None:
+            var = var + self._cross_var(B, D, Luu, Lc)
+        return lu + lv + self._mean(X), cond.clamp_var(var)
+
+    def _cross_var(self, B, D, Luu, Lc):
+        r"""``2 a_n^T C d_n`` for the probe ``C = self._cross_probe`` ``[(L,) M, M2]`` (zero): the variance that a
+        cross-covariance ``C = Cov_q(u, v⊥)`` would add to the marginals of q(f), with ``a_n``, ``d_n`` the
+        projections of ``f_n`` on ``u`` and ``v⊥`` (whitened ``B``, ``D``; plain ``Luu^{-T} B``, ``Lc^{-T} D``).
+        Its value is zero; its gradient ``d loss / dC`` is the cross block of the Hessian of the loss in the means
+        ``(m_u, m_v)`` (Price's theorem: ``dE/dvar_n = E[d^2 log p / df^2] / 2``), which
+        :func:`~pyro_sparsegp.infer.natgrad.solvegp_joint_natgrad_from_grads_` needs for the joint mean step.
+        ``[..., (L,) B]``."""
+        C = self._cross_probe
+        if not self.whiten:
+            C = solve_lower(Lc, solve_lower(Luu, C).mT).mT  # Luu^{-1} C Lc^{-T}
+        return 2.0 * (B * (C @ D)).sum(-2)
 
     def _full_terms(self, X):
         Luu, Lc, B, D, _ = self._stats(X, consume=False)

@@ -16,22 +16,25 @@ from pyro_sparsegp.infer import fit
 STEPS, B = 12, 32
 
 
-def _setup():
+def _setup(kind="svgp"):
     torch.set_default_dtype(torch.float64)
     g = torch.Generator().manual_seed(0)
     X = torch.rand(256, 2, generator=g, dtype=torch.float64) * 4 - 2
     y = torch.sin(2 * X[:, 0]) + 0.1 * torch.randn(256, generator=g, dtype=torch.float64)
-    gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(0.3))
+    if kind == "solvegp":  # the joint natural-gradient step: the probe's gradient is averaged over ranks too
+        gp = ps.SOLVEGP(RBF(2), X[:6].clone(), X[6:12].clone(), ps.Gaussian(0.3))
+    else:
+        gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(0.3))
     return X, y, gp
 
 
-def _worker(rank, world, init_file, out_dir, natgrad_lr):
+def _worker(rank, world, init_file, out_dir, natgrad_lr, kind):
     import pyro
 
     with pyro.settings.context(module_local_params=True):
         tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
         try:
-            X, y, gp = _setup()
+            X, y, gp = _setup(kind)
             if rank == 1:  # a different start: fit must broadcast rank 0's parameters
                 with torch.no_grad():
                     gp.q_u.u_loc_unconstrained.add_(1.0)
@@ -53,14 +56,15 @@ def _worker(rank, world, init_file, out_dir, natgrad_lr):
             tdist.destroy_process_group()
 
 
-@pytest.mark.parametrize("natgrad_lr", [None, 0.5], ids=["adam", "natgrad"])
-def test_two_ranks_equal_one_process_with_the_union_of_their_batches(natgrad_lr):
+@pytest.mark.parametrize("natgrad_lr,kind", [(None, "svgp"), (0.5, "svgp"), (0.5, "solvegp")],
+                         ids=["adam", "natgrad", "natgrad-solvegp"])
+def test_two_ranks_equal_one_process_with_the_union_of_their_batches(natgrad_lr, kind):
     with tempfile.TemporaryDirectory() as d:
         init_file = os.path.join(d, "init")
-        mp.spawn(_worker, args=(2, init_file, d, natgrad_lr), nprocs=2, join=True)
+        mp.spawn(_worker, args=(2, init_file, d, natgrad_lr, kind), nprocs=2, join=True)
         r0 = torch.load(os.path.join(d, "rank0.pt"))
         r1 = torch.load(os.path.join(d, "rank1.pt"))
-    X, y, gp = _setup()
+    X, y, gp = _setup(kind)
     fit(
         gp,
         X,

@@ -160,7 +160,7 @@ def test_the_step_needs_gradients_and_a_full_covariance_family():
 
 @pytest.mark.float64
 def test_fit_with_natural_gradients_reaches_the_solvegp_optimum():
-    """fit steps q(u), q(v⊥) and the noise together from one gradient (a Jacobi sweep); with frozen kernel
+    """fit steps q(u), q(v⊥) (their means jointly) and the noise together from one gradient; with frozen kernel
     hyperparameters (lr tiny) and the full batch the iteration converges to the maximiser of eq. 8 (q(v⊥): eqs.
     28-29 at the noise it reached)."""
     X, y = _data()
@@ -181,3 +181,118 @@ def test_fit_trains_odvgp_with_natural_gradients_on_q_u():
     state = fit(gp, X, y, num_steps=40, batch_size=25, lr=0.02, natgrad_lr=0.5, progress=False)
     assert state.losses[-1] < state.losses[0]
     assert not torch.equal(gp.q_v.u_loc.detach(), before)  # Adam trained the mean-only q(v⊥)
+
+
+def _joint_optimum(gp, X, y):
+    """The maximiser of eq. 8 in plain coordinates by a dense solve of the joint normal equations: means
+    ``(m_u, m_v)`` and the two covariances."""
+    A, Dm, Kuu, Cvv = _dense(gp, X)
+    beta = 1.0 / NOISE
+    F = torch.cat([A, Dm], -1)
+    prec = torch.block_diag(torch.linalg.inv(Kuu), torch.linalg.inv(Cvv)) + beta * F.mT @ F
+    means = torch.linalg.solve(prec, beta * F.mT @ y)
+    S_u = torch.linalg.inv(torch.linalg.inv(Kuu) + beta * A.mT @ A)
+    S_v = torch.linalg.inv(torch.linalg.inv(Cvv) + beta * Dm.mT @ Dm)
+    return means[:M], means[M:], S_u, S_v, Kuu, Cvv
+
+
+def _start_anywhere(gp, X, whiten):
+    A, Dm, Kuu, Cvv = _dense(gp, X)
+    g = torch.Generator().manual_seed(3)
+    _set_plain(gp.q_u, torch.randn(M, generator=g), 0.1 * torch.eye(M) + 0.05, Kuu, whiten)
+    _set_plain(gp.q_v, torch.randn(M2, generator=g), 0.3 * Cvv, Cvv, whiten)
+
+
+def _assert_at_joint_optimum(gp, X, y, whiten, tol=1e-6):
+    m_u, m_v, S_u, S_v, Kuu, Cvv = _joint_optimum(gp, X, y)
+    for q, m, S, K in ((gp.q_u, m_u, S_u, Kuu), (gp.q_v, m_v, S_v, Cvv)):
+        m_q, S_q = _plain(q, K, whiten)
+        _close(m_q, m, tol)
+        _close(S_q, S, tol)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_joint_step_lands_on_the_maximiser_of_eq_8(whiten):
+    """Both sites at once: the means move jointly (solvegp_joint_natgrad_from_grads_), so one full-batch step of
+    length 1 from an arbitrary q(u) q(v⊥) lands on the joint maximiser of eq. 8 (a dense solve), not on each
+    factor's optimum given the other's old mean (which separate steps would give)."""
+    X, y = _data()
+    gp = _solve(whiten)
+    _start_anywhere(gp, X, whiten)
+    solvegp_natgrad_step(gp, X, y, lr=1.0)
+    _assert_at_joint_optimum(gp, X, y, whiten)
+    assert gp._cross_probe is None
+
+
+@pytest.mark.float64
+def test_joint_steps_of_length_below_one_converge_to_the_maximiser():
+    """Steps of length 0.5: once the covariances settle the mean step is a damped Newton step on the joint means,
+    so 40 steps reach the maximiser."""
+    X, y = _data()
+    gp = _solve(whiten=True)
+    _start_anywhere(gp, X, True)
+    for _ in range(40):
+        solvegp_natgrad_step(gp, X, y, lr=0.5)
+    _assert_at_joint_optimum(gp, X, y, True, 1e-6)
+
+
+@pytest.mark.float64
+def test_joint_step_multi_output_is_each_output_alone():
+    X, y = _data()
+    Y = torch.stack([y, -2 * y], -1)
+    Z, O = torch.rand(M, D) * 4 - 2, torch.rand(M2, D) * 4 - 2
+    gp = ps.SOLVEGP(RBF(D, lengthscale=torch.tensor(0.7)), Z, O, ps.Gaussian(NOISE), num_outputs=2)
+    solvegp_natgrad_step(gp, X, Y, lr=0.7)
+    for out in range(2):
+        one = ps.SOLVEGP(RBF(D, lengthscale=torch.tensor(0.7)), Z, O, ps.Gaussian(NOISE))
+        solvegp_natgrad_step(one, X, Y[:, out], lr=0.7)
+        for a, b in ((gp.q_u, one.q_u), (gp.q_v, one.q_v)):
+            _close(a.u_loc[out], b.u_loc, 1e-6)
+            _close(a.u_scale_tril[out], b.u_scale_tril, 1e-6)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_fit_steps_solvegp_means_jointly(whiten):
+    """fit's natural-gradient step on a SOLVE-GP is the joint one: one full-batch step of length 1 (frozen noise,
+    Adam's step 1e-12) lands on the maximiser of eq. 8, and the probe is gone afterwards."""
+    X, y = _data()
+    gp = _solve(whiten)
+    gp.likelihood.noise_unconstrained.requires_grad_(False)
+    _start_anywhere(gp, X, whiten)
+    fit(gp, X, y, num_steps=1, batch_size=N, lr=1e-12, natgrad_lr=1.0, progress=False)
+    _assert_at_joint_optimum(gp, X, y, whiten, 1e-5)
+    assert gp._cross_probe is None
+
+
+@pytest.mark.float64
+def test_deep_solvegp_last_layer_joint_step_zeroes_its_mean_gradient():
+    """In a DeepGP whose last layer is a SOLVE-GP, the probe's gradient comes through DeepGP.analytic_elbo (the last
+    layer's marginals at the propagated samples): with the hidden samples held (same seed) a joint step of length 1
+    leaves the bound's gradient in the last layer's means (and covariances) at zero."""
+    from pyro_sparsegp.deep import build_deep_gp
+    from pyro_sparsegp.infer.natgrad import natgrad_pairs, set_natgrad_probes, solvegp_joint_natgrad_from_grads_
+
+    X, y = _data()
+    dgp = build_deep_gp(X, [2], ps.Gaussian(NOISE), num_inducing=M, num_orthogonal=M2, num_samples=3)
+    last = dgp.last
+    pairs = natgrad_pairs(dgp, natgrad_families(dgp))
+    assert pairs == [last]
+    qs = [last.q_u.u_loc_unconstrained, last.q_v.u_loc_unconstrained,
+          last.q_u.u_scale_tril_unconstrained, last.q_v.u_scale_tril_unconstrained]
+
+    def grads():
+        torch.manual_seed(5)
+        return torch.autograd.grad(-dgp.analytic_elbo(X, y), qs + [p for gp in pairs for p in [gp._cross_probe]])
+
+    set_natgrad_probes(pairs)
+    before = grads()
+    assert before[-1].abs().max() > 1.0  # the coupling the joint step uses is there
+    for p, g in zip(qs + [last._cross_probe], before, strict=True):
+        p.grad = g
+    solvegp_joint_natgrad_from_grads_(last, 1.0)
+    set_natgrad_probes(pairs)
+    after = grads()
+    for g0, g1 in zip(before[:4], after[:4], strict=True):
+        assert g1.abs().max() < 1e-6 * g0.abs().max()

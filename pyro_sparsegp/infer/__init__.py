@@ -4,12 +4,16 @@ from .ep import EPState, ep_log_evidence, ep_surrogate, fit_ep
 from .fit import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
 from .mfsp import MFSpState, fit_mfsp, mfsp_bound
 from .natgrad import (
+    clear_natgrad_probes,
     gaussian_natgrad_step,
     natgrad_families,
     natgrad_from_grads_,
+    natgrad_pairs,
     natgrad_step,
     natgrad_step_for,
     polya_gamma_natgrad_step,
+    set_natgrad_probes,
+    solvegp_joint_natgrad_from_grads_,
     solvegp_natgrad_step,
 )
 
@@ -34,4 +38,8 @@ __all__ = [
     "natgrad_from_grads_",
     "natgrad_families",
     "solvegp_natgrad_step",
+    "solvegp_joint_natgrad_from_grads_",
+    "natgrad_pairs",
+    "set_natgrad_probes",
+    "clear_natgrad_probes",
 ]

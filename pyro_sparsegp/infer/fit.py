@@ -38,7 +38,16 @@ from tqdm.auto import tqdm
 
 from ..deferred import DeferredChecks, deferred_checks
 from ..linalg import CholeskyJitterWarning, _warn_once
-from .natgrad import natgrad_families, natgrad_from_grads_, noise_natgrad_likelihood, noise_step_from_grads_
+from .natgrad import (
+    clear_natgrad_probes,
+    natgrad_families,
+    natgrad_from_grads_,
+    natgrad_pairs,
+    noise_natgrad_likelihood,
+    noise_step_from_grads_,
+    set_natgrad_probes,
+    solvegp_joint_natgrad_from_grads_,
+)
 
 __all__ = ["fit", "FitState", "NonFiniteLossError", "save_checkpoint", "load_checkpoint", "EpochBatchSampler"]
 
@@ -374,7 +383,9 @@ def fit(
         :class:`~pyro_sparsegp.Gaussian` likelihood (conjugate: the step is exact and stable), else ``None`` (Adam
         on everything). If set (``0 < natgrad_lr <= 1``), every full-covariance Gaussian variational family
         (q(u); SOLVE-GP's q(v⊥) too) takes natural-gradient steps of this length computed from the same backward
-        pass (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`; Hensman et al. 2013 section 3.2), the
+        pass (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`; Hensman et al. 2013 section 3.2; with
+        ``elbo="analytic"`` a SOLVE-GP's two means move jointly,
+        :func:`~pyro_sparsegp.infer.natgrad.solvegp_joint_natgrad_from_grads_`), the
         learnable noise variance of a :class:`~pyro_sparsegp.Gaussian` likelihood takes a Fisher-scoring step of the
         same length from the same gradient (:func:`~pyro_sparsegp.infer.natgrad.noise_step_from_grads_`: a running
         average of the minibatch estimates of its optimum given q(f)), and Adam trains only the other parameters.
@@ -461,6 +472,11 @@ def fit(
     if natgrad_lr and not families:
         raise ValueError("natgrad_lr needs a module with a full-covariance Gaussian variational family (q_u)")
     noise_lik = noise_natgrad_likelihood(module) if families else None
+    # SOLVE-GP layers with both q(u) and q(v⊥) in the families move their means jointly (the closed-form bound
+    # carries the probe whose gradient couples them; natgrad.solvegp_joint_natgrad_from_grads_)
+    pairs = natgrad_pairs(module, families) if elbo == "analytic" else []
+    paired = {id(q) for gp in pairs for q in (gp.q_u, gp.q_v)}
+    solo = [q for q in families if id(q) not in paired]
     nat_ids = {id(p) for q in families for p in q.parameters()}
     if noise_lik is not None:
         nat_ids.add(id(noise_lik.noise_unconstrained))
@@ -610,12 +626,13 @@ def fit(
             Xb, yb = next(batches)
             for p in all_params:
                 p.grad = None
+            set_natgrad_probes(pairs)
             with step_context():
                 loss = loss_fn(Xb, yb)
                 loss.backward()
             if world > 1:  # data-parallel: average the loss and the gradients over ranks
                 loss = _average(loss.detach().clone().reshape(1))[0]
-                for p in all_params:
+                for p in all_params + [gp._cross_probe for gp in pairs]:
                     if p.grad is not None:
                         _average(p.grad)
             grads = [p.grad for p in all_params if p.grad is not None]
@@ -627,7 +644,9 @@ def fit(
                 check_pending()
             with step_context():
                 optimizer.step()
-                for q in families:
+                for gp in pairs:
+                    solvegp_joint_natgrad_from_grads_(gp, natgrad_lr)
+                for q in solo:
                     natgrad_from_grads_(q, natgrad_lr)
                 if noise_lik is not None:  # y [B] or [B, L]: num_data * L observations share the noise
                     noise_step_from_grads_(noise_lik, natgrad_lr, num_data * (yb.numel() // max(yb.shape[0], 1)))
@@ -642,6 +661,8 @@ def fit(
             in_update = len(state.losses) > step
             fail(step, float("nan"), step if in_update else step - 1, exc,
                  reason=f"numerical failure ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})")
+        finally:
+            clear_natgrad_probes(pairs)
         step += 1
         state.step = step
         while callback is not None and called < len(state.losses):  # the steps whose losses are read back

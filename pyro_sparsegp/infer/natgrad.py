@@ -46,6 +46,10 @@ __all__ = [
     "noise_step_from_grads_",
     "noise_natgrad_likelihood",
     "solvegp_natgrad_step",
+    "solvegp_joint_natgrad_from_grads_",
+    "natgrad_pairs",
+    "set_natgrad_probes",
+    "clear_natgrad_probes",
     "check_natgrad_lr",
     "NatGradDampingWarning",
 ]
@@ -325,6 +329,16 @@ def natgrad_from_grads_(q, lr: float) -> None:
     :param q: a ``GaussianQ`` with ``learn_scale=True`` whose ``u_loc``/``u_scale_tril`` gradients are populated.
     :param float lr: step length :math:`\rho`.
     """
+    m, g_m, raw_m, L_new, raw_L, rho = _precision_step(q, lr)
+    t = L_new.mT @ g_m.unsqueeze(-1)  # L'^T g
+    m_new = m - rho.unsqueeze(-1) * (L_new @ t).squeeze(-1)
+    _set_constrained(q, "u_loc", raw_m, m_new)
+    _set_constrained(q, "u_scale_tril", raw_L, L_new)  # lower triangular: the solve keeps L^T's zeros exactly
+
+
+def _precision_step(q, lr: float):
+    """The covariance half of :func:`natgrad_from_grads_` (its docstring): ``(m, g_m, raw_m, L', raw_L, rho)`` with
+    ``L'`` the new scale (``L' L'^T = Lambda'^{-1}``) and ``rho`` the step length per output after damping."""
     if not getattr(q, "learn_scale", False):
         raise ValueError("natgrad_from_grads_ needs a full-covariance GaussianQ (learn_scale=True)")
     m, g_m, raw_m = _constrained_grad(q, "u_loc")
@@ -358,16 +372,108 @@ def natgrad_from_grads_(q, lr: float) -> None:
                 f"non-log-concave likelihood or too long a step); it was shortened to {float(rho.min()):.3g}. "
                 "Reported once; use a smaller natgrad_lr if this recurs.",
                 NatGradDampingWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
     else:  # no host synchronisation: a failed factorisation makes the update NaN, which fit's guard catches
         D = D + torch.where(info > 0, float("nan"), 0.0).to(D.dtype)[..., None, None]
     # L' = L J D^{-T} J, i.e. L'^T = J D^{-1} (J L^T): one triangular solve, no inverse, no product
     L_new = torch.linalg.solve_triangular(D, L.mT.flip(-2), upper=False).flip(-2).mT
-    t = L_new.mT @ g_m.unsqueeze(-1)  # L'^T g
-    m_new = m - rho.unsqueeze(-1) * (L_new @ t).squeeze(-1)
-    _set_constrained(q, "u_loc", raw_m, m_new)
-    _set_constrained(q, "u_scale_tril", raw_L, L_new)  # lower triangular: the solve keeps L^T's zeros exactly
+    return m, g_m, raw_m, L_new, raw_L, rho
+
+
+@torch.no_grad()
+def solvegp_joint_natgrad_from_grads_(gp, lr: float) -> None:
+    r"""A natural-gradient step of length ``lr`` on SOLVE-GP's pair ``q(u) q(v⊥)`` (both full-covariance) whose
+    **means move jointly**, from the gradients a backward pass left in their parameters and in the layer's zero probe
+    ``gp._cross_probe`` ``[(L,) M, M2]`` (set before the pass; see :meth:`~pyro_sparsegp.SOLVEGP._cross_var`).
+
+    Each covariance takes the step of :func:`natgrad_from_grads_`, :math:`\Lambda'_u = (1-\rho)\Lambda_u +
+    \rho H_{uu}` and likewise :math:`\Lambda'_v` (for a Gaussian likelihood the optimal covariance of each factor
+    does not depend on the other factor). The means take a natural-gradient step of the *joint* Gaussian over
+    ``(u, v⊥)``, whose precision has the cross block :math:`c H_{uv}`,
+    :math:`H_{uv} = \partial^2\ell / \partial m_u \partial m_v^T` (the probe's gradient):
+
+    .. math:: \begin{pmatrix} m_u' \\ m_v' \end{pmatrix} = \begin{pmatrix} m_u \\ m_v \end{pmatrix} - \rho
+              \begin{pmatrix} \Lambda_u' & c H_{uv} \\ c H_{uv}^T & \Lambda_v' \end{pmatrix}^{-1}
+              \begin{pmatrix} \nabla_{m_u}\ell \\ \nabla_{m_v}\ell \end{pmatrix},
+
+    with :math:`c = 1` where that matrix is positive definite (always once the covariances have settled,
+    :math:`\Lambda' \to H`: then the step is a damped Newton step on the means, converging at rate
+    :math:`1-\rho` like SVGP's), else :math:`c = \rho` (the matrix is then :math:`(1-\rho)\,\mathrm{blockdiag}
+    (\Lambda) + \rho H`, positive definite for a log-concave likelihood). At :math:`\rho = 1` both are :math:`H`.
+
+    Why: taking the two factors' natural gradients separately (each mean preconditioned by its own covariance) is a
+    damped block-Jacobi iteration on the coupled means. Where ``u`` and ``v⊥`` explain the data alike (Z and O
+    interleaved, as k-means leaves them), it converges at a rate near 1: on energy (768 points, M = 50 + 50, fixed
+    hyperparameters, full batch) 200 separate steps of length 0.1 left the bound 0.14 nats per point below its
+    maximum and steps of length 1 oscillated, while SVGP's steps of length 0.1 converged in about 50; the joint step
+    of length 0.1 was within 1e-7 after 100 steps. With a Gaussian likelihood and the full batch, a step of length
+    1 lands on the maximiser of eq. 8 of Shi, Titsias, Mnih 2020 (eqs. 28-29 for ``q(v⊥)``), as Hensman et al.'s
+    does for SVGP. The step has the same fixed points as the separate steps. Cost: two ``(M + M2)``-square Cholesky
+    factorisations beyond theirs, independent of the batch.
+
+    If the joint precision is not positive definite (a step damped by :func:`natgrad_from_grads_`'s rule, or a
+    non-log-concave likelihood), the means fall back to the separate steps on the CPU; on a GPU the update is NaN
+    and ``fit``'s guard restores the last good state.
+    """
+    C = getattr(gp, "_cross_probe", None)
+    if C is None or C.grad is None:
+        raise ValueError("solvegp_joint_natgrad_from_grads_: set gp._cross_probe (zeros, requires_grad) before the "
+                         "backward pass (see natgrad_probes)")
+    mu, gu, raw_mu, Lu, raw_Lu, rho_u = _precision_step(gp.q_u, lr)
+    mv, gv, raw_mv, Lv, raw_Lv, rho_v = _precision_step(gp.q_v, lr)
+    M = mu.shape[-1]
+    Huv = C.grad.expand(Lu.shape[:-2] + C.shape[-2:])
+    g = torch.cat([gu, gv], -1).unsqueeze(-1)
+
+    def joint(c):  # [[Lambda_u', c Huv], [c Huv^T, Lambda_v']] and its Cholesky factor
+        Hc = c * Huv
+        P = torch.cat([torch.cat([torch.cholesky_inverse(Lu), Hc], -1),
+                       torch.cat([Hc.mT, torch.cholesky_inverse(Lv)], -1)], -2)
+        return torch.linalg.cholesky_ex(P)
+
+    L1, info1 = joint(1.0)  # the cross block at its current value: the joint Hessian once the covariances settle
+    L2, info2 = joint(float(lr))  # (1 - lr) blockdiag(Lambda) + lr H: positive definite for a log-concave likelihood
+    ok1 = (info1 == 0)[..., None, None]
+    LH = torch.where(ok1, L1, L2)
+    info = torch.where(info1 == 0, info1, info2)
+    step = torch.cholesky_solve(g, LH).squeeze(-1)
+    m_new = torch.cat([mu, mv], -1) - float(lr) * step
+    mu_new, mv_new = m_new[..., :M], m_new[..., M:]
+    if LH.device.type == "cpu" and deferred.active() is None:
+        if bool((info > 0).any()) or bool((rho_u < lr).any()) or bool((rho_v < lr).any()):
+            mu_new = mu - rho_u.unsqueeze(-1) * (Lu @ (Lu.mT @ gu.unsqueeze(-1))).squeeze(-1)
+            mv_new = mv - rho_v.unsqueeze(-1) * (Lv @ (Lv.mT @ gv.unsqueeze(-1))).squeeze(-1)
+    else:
+        bad = torch.where(info > 0, float("nan"), 0.0).to(m_new.dtype)[..., None]
+        mu_new, mv_new = mu_new + bad, mv_new + bad
+    _set_constrained(gp.q_u, "u_loc", raw_mu, mu_new)
+    _set_constrained(gp.q_u, "u_scale_tril", raw_Lu, Lu)
+    _set_constrained(gp.q_v, "u_loc", raw_mv, mv_new)
+    _set_constrained(gp.q_v, "u_scale_tril", raw_Lv, Lv)
+
+
+def natgrad_pairs(module, families) -> list:
+    """The SOLVE-GP layers of ``module`` whose ``q(u)`` and ``q(v⊥)`` are both in ``families``: ``fit`` steps
+    their means jointly (:func:`solvegp_joint_natgrad_from_grads_`) and the other families alone."""
+    ids = {id(q) for q in families}
+    return [m for m in module.modules()
+            if hasattr(m, "_cross_probe") and id(m.q_u) in ids and id(getattr(m, "q_v", None)) in ids]
+
+
+def set_natgrad_probes(pairs) -> None:
+    """Give each SOLVE-GP layer in ``pairs`` a zero probe ``[(L,) M, M2]`` that requires a gradient (before the
+    forward pass of a natural-gradient step); :func:`clear_natgrad_probes` removes them."""
+    for gp in pairs:
+        Lu = gp.q_u.u_scale_tril
+        C = torch.zeros(Lu.shape[:-1] + (gp.q_v.u_loc.shape[-1],), dtype=Lu.dtype, device=Lu.device)
+        gp._cross_probe = C.requires_grad_(True)
+
+
+def clear_natgrad_probes(pairs) -> None:
+    """Remove the probes that :func:`set_natgrad_probes` gave (after the natural-gradient step)."""
+    for gp in pairs:
+        gp._cross_probe = None
 
 
 @torch.no_grad()
@@ -439,24 +545,33 @@ def natgrad_families(module) -> list:
 def solvegp_natgrad_step(gp, X, y, lr: float = 1.0, num_data: int | None = None, sites=("u", "v")) -> None:
     r"""Natural-gradient step of length ``lr`` for SOLVE-GP's q(u) and/or q(v⊥) (``sites``) on the minibatch
     ``(X [B, D], y [B])`` of a data set of ``num_data`` points (default ``B``): the gradient of the closed-form bound
-    (eq. 8 of Shi, Titsias, Mnih 2020 via ``analytic_elbo``) then :func:`natgrad_from_grads_` on each family.
-    Works for an :class:`~pyro_sparsegp.SVGP` too (``sites=("u",)``). The steps of the two families are simultaneous
-    (each from the gradient at the current pair): with a Gaussian likelihood and the full batch, a step of length 1
-    on q(v⊥) lands on the optimum of eq. 8 given q(u), and alternating steps converge to the maximiser of eq. 8,
-    whose q(v⊥) is eqs. 28-29."""
+    (eq. 8 of Shi, Titsias, Mnih 2020 via ``analytic_elbo``) then, for both sites, the joint step
+    :func:`solvegp_joint_natgrad_from_grads_` (with a Gaussian likelihood and the full batch a step of length 1
+    lands on the maximiser of eq. 8, whose q(v⊥) is eqs. 28-29), and for one site :func:`natgrad_from_grads_` on
+    that family (a step of length 1 lands on its optimum given the other factor).
+    Works for an :class:`~pyro_sparsegp.SVGP` too (``sites=("u",)``)."""
     qs = {"u": gp.q_u, "v": getattr(gp, "q_v", None)}
     fams = [qs[s] for s in sites]
     if any(q is None or not q.learn_scale for q in fams):
         raise ValueError(f"solvegp_natgrad_step: sites {sites} need full-covariance families (not ODVGP's q(v⊥))")
+    pairs = natgrad_pairs(gp, fams)
     params = [p for q in fams for p in q.parameters()]
     for p in params:
         p.grad = None
-    with torch.enable_grad():
-        loss = -gp.analytic_elbo(X, y, num_data=num_data)
-        grads = torch.autograd.grad(loss, params)
-    for p, g in zip(params, grads, strict=True):
-        p.grad = g
-    for q in fams:
-        natgrad_from_grads_(q, lr)
-    for p in params:
-        p.grad = None
+    set_natgrad_probes(pairs)
+    try:
+        probes = [g._cross_probe for g in pairs]
+        with torch.enable_grad():
+            loss = -gp.analytic_elbo(X, y, num_data=num_data)
+            grads = torch.autograd.grad(loss, params + probes)
+        for p, g in zip(params + probes, grads, strict=True):
+            p.grad = g
+        if pairs:
+            solvegp_joint_natgrad_from_grads_(gp, lr)
+        else:
+            for q in fams:
+                natgrad_from_grads_(q, lr)
+    finally:
+        clear_natgrad_probes(pairs)
+        for p in params:
+            p.grad = None
