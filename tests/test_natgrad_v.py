@@ -2,6 +2,8 @@
 q(v⊥), against optima computed here with dense matrices and explicit inverses (and against eqs. 28-29 of Shi,
 Titsias, Mnih 2020 through the package's bound module)."""
 
+import warnings
+
 import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
@@ -296,3 +298,48 @@ def test_deep_solvegp_last_layer_joint_step_zeroes_its_mean_gradient():
     after = grads()
     for g0, g1 in zip(before[:4], after[:4], strict=True):
         assert g1.abs().max() < 1e-6 * g0.abs().max()
+
+
+@pytest.mark.float64
+def test_joint_step_falls_back_to_the_factors_own_steps_without_a_joint_factor():
+    """A cross block that makes the joint precision indefinite (here: planted) leaves the means to the factors' own
+    steps, exactly, instead of a NaN or a wrong step."""
+    from pyro_sparsegp.infer.natgrad import set_natgrad_probes, solvegp_joint_natgrad_from_grads_
+
+    X, y = _data()
+    gps = [_solve(True), _solve(True)]
+    gps[1].load_state_dict(gps[0].state_dict())
+    for gp in gps:
+        set_natgrad_probes([gp])
+        params = [*gp.q_u.parameters(), *gp.q_v.parameters(), gp._cross_probe]
+        grads = torch.autograd.grad(-gp.analytic_elbo(X, y), params)
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+    gps[0]._cross_probe.grad.fill_(1e6)
+    solvegp_joint_natgrad_from_grads_(gps[0], 0.5)
+    natgrad_from_grads_(gps[1].q_u, 0.5)
+    natgrad_from_grads_(gps[1].q_v, 0.5)
+    for a, b in ((gps[0].q_u, gps[1].q_u), (gps[0].q_v, gps[1].q_v)):
+        _close(a.u_loc, b.u_loc, 1e-12)
+        _close(a.u_scale_tril, b.u_scale_tril, 1e-12)
+
+
+@pytest.mark.float64
+def test_fit_with_a_pyro_elbo_takes_the_factors_own_steps():
+    """Under a Pyro ELBO the sites sample ``u`` and ``v⊥`` and the layer's ``qf`` (where the cross probe lives) is
+    bypassed: ``fit`` then takes each factor's own natural-gradient step, which equals ``natgrad_from_grads_`` on
+    the same gradients, instead of raising for the missing probe gradient."""
+    from pyro.infer import TraceMeanField_ELBO
+
+    from pyro_sparsegp.infer.natgrad import NatGradDampingWarning
+
+    X, y = _data()
+    gp = _solve(True)
+    before = [gp.q_u.u_loc.detach().clone(), gp.q_v.u_loc.detach().clone()]
+    with warnings.catch_warnings():  # a one-sample estimate of the covariance gradient may need its step damped
+        warnings.simplefilter("ignore", NatGradDampingWarning)
+        fit(gp, X, y, num_steps=3, batch_size=N, lr=1e-3, natgrad_lr=0.05, elbo=TraceMeanField_ELBO(),
+            progress=False)
+    after = [gp.q_u.u_loc.detach(), gp.q_v.u_loc.detach()]
+    for b, a in zip(before, after, strict=True):
+        assert torch.isfinite(a).all() and (a - b).abs().max() > 1e-4

@@ -645,7 +645,11 @@ def fit(
             with step_context():
                 optimizer.step()
                 for gp in pairs:
-                    solvegp_joint_natgrad_from_grads_(gp, natgrad_lr)
+                    if gp._cross_probe.grad is not None:
+                        solvegp_joint_natgrad_from_grads_(gp, natgrad_lr)
+                    else:  # a bound that bypassed the layer's qf: the factors' own natural-gradient steps
+                        natgrad_from_grads_(gp.q_u, natgrad_lr)
+                        natgrad_from_grads_(gp.q_v, natgrad_lr)
                 for q in solo:
                     natgrad_from_grads_(q, natgrad_lr)
                 if noise_lik is not None:  # y [B] or [B, L]: num_data * L observations share the noise
