@@ -112,6 +112,54 @@ class SOLVEGP(SVGP):
     def O(self):  # noqa: E743
         del self.orthogonal.Z
 
+    @torch.no_grad()
+    def to_svgp(self, name: str | None = None) -> SVGP:
+        r"""The :class:`~pyro_sparsegp.SVGP` over the union of the inducing sets, ``Z' = [Z; O]`` ``[(L,) M + M2,
+        d]``, whose ``q(u, v)`` is this layer's ``q(u) q(v⊥)`` seen through :math:`v = v_\perp + K_{vu}K_{uu}^{-1}u`
+        (Shi, Titsias, Mnih 2020, section 3.3, "Structured Covariance"): the same ``q(f)``, the same KL, hence the
+        same bound (eq. 8), with the SOLVE-GP restriction on the covariance lifted for further training.
+
+        Whitened, the map is the identity: ``chol(K_{Z'Z'}) = [[Luu, 0], [A^T, Lc]]`` with ``A = Luu^{-1} Kuv`` and
+        ``Lc = chol(Cvv)`` (algorithm 1's factors), so ``q(u')`` is ``N([m_u; m_v], blockdiag(L_u, L_v))``
+        (``L_v = I`` for ODVGP). Un-whitened it is
+        :func:`~pyro_sparsegp.bounds.solvegp.structured_svgp_params`. The two agree up to the jitter of the
+        factorisations (the SVGP factorises ``K_{Z'Z'}`` with its own). Kernel, likelihood and mean function are
+        copied (the new layer shares no parameter with this one); its name is ``name``, by default this layer's with
+        ``_svgp`` appended (two live modules of one name would share Pyro's parameter store entries).
+
+        ``ValueError`` for ``PyroSample`` hyperparameters (fix them first: the map depends on their values)."""
+        import copy
+
+        from .bounds.solvegp import structured_svgp_params
+
+        if sampled_attributes(self, names=False):
+            raise ValueError("to_svgp: the layer has PyroSample hyperparameters; the map depends on their values, so "
+                             "set them to fixed values (PyroParam or tensors) before converting")
+        twin = copy.deepcopy(self)
+        twin._cache = {}
+        u, v = twin.inducing, twin.orthogonal
+        union = copy.deepcopy(u)
+        union.Z = torch.cat([u.Z, v.Z], -2)
+        if hasattr(u, "locations"):  # inducing patches with locations (TICK)
+            union.locations = torch.cat([u.locations, v.locations], -2)
+        gp = SVGP(twin.kernel, union, twin.likelihood, twin.num_outputs, twin.whiten, name or f"{twin.name}_svgp",
+                  twin.integrate_f, twin.jitter, twin.mean_function)
+        Luu, Lc, _ = twin._factors()
+        m_u, L_u = twin.q_u.u_loc, twin.q_u.u_scale_tril
+        m_v, L_v = twin.q_v.u_loc, twin._v_scale(Lc)
+        if twin.whiten:
+            M, M2 = m_u.shape[-1], m_v.shape[-1]
+            batch = torch.broadcast_shapes(L_u.shape[:-2], L_v.shape[:-2])
+            L = torch.zeros(batch + (M + M2, M + M2), dtype=m_u.dtype, device=m_u.device)
+            L[..., :M, :M] = L_u
+            L[..., M:, M:] = L_v
+            m = torch.cat([m_u, m_v], -1)
+        else:
+            Kuu, Kuv = ind.Kuu(u, twin.kernel), ind.Kuu(u, twin.kernel, v)
+            m, L = structured_svgp_params(Kuu, Kuv, m_u, L_u, m_v, L_v, return_scale_tril=True, jitter=twin.jitter)
+        gp.q_u.set(m, L.expand(gp.q_u.u_scale_tril.shape))
+        return gp
+
     # -- covariances (algorithm 1, lines 1-2 and 3-4) -----------------------------------------------------------
     def _factors(self, Xk=None):
         """Algorithm 1 of appendix D, lines 1-4 (and the projections of the inputs ``Xk``, if given):

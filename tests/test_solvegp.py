@@ -277,3 +277,59 @@ def test_project_and_orthogonal_parts_add_up_to_the_conditional():
         Cvf = Kvf - Kuv.mT @ torch.linalg.solve(Kuu, Kuf)
         torch.testing.assert_close(gp.project(X, u), Kuf.mT @ torch.linalg.solve(Kuu, u), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(perp.loc, Cvf.mT @ torch.linalg.solve(Cvv, v), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("odvgp", [False, True], ids=["solvegp", "odvgp"])
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+@pytest.mark.parametrize("lik", ["gaussian", "probit"])
+def test_to_svgp_is_the_structured_svgp_over_the_union(lik, whiten, odvgp):
+    """``to_svgp`` (section 3.3): an SVGP over ``[Z; O]`` with the same q(f) and the same bound, checked against the
+    dense structured computation of this file, and a copy: training it leaves the SOLVE-GP layer untouched."""
+    X, y, gp = _problem(lik, whiten, odvgp)
+    sv = gp.to_svgp()
+    assert isinstance(sv, ps.SVGP) and not isinstance(sv, ps.SOLVEGP) and sv.name == "gp_svgp"
+    torch.testing.assert_close(sv.Z, torch.cat([gp.Z, gp.O]).detach())
+    with torch.no_grad():
+        ref = _eq8_dense(gp, X, y)
+        torch.testing.assert_close(sv.analytic_elbo(X, y), ref, rtol=1e-7, atol=1e-7)
+        for a, b in zip(sv.qf(X), gp.qf(X), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-8)
+    before = [p.detach().clone() for p in gp.parameters()]
+    (-sv.analytic_elbo(X, y)).backward()
+    with torch.no_grad():
+        for p in sv.parameters():
+            p.sub_(0.1 * p.grad)
+    for a, b in zip(before, gp.parameters(), strict=True):
+        assert torch.equal(a, b.detach())
+
+
+@pytest.mark.float64
+def test_to_svgp_multi_output_patches_and_sampled_hyperparameters():
+    """Several outputs with inter-domain patches (a TICK kernel: locations are joined too) keep the bound; a
+    ``PyroSample`` hyperparameter is refused loudly (the map depends on its value)."""
+    import pyro.distributions as dist
+    from pyro.nn import PyroSample
+
+    from pyro_sparsegp.conv import init_patches
+
+    torch.manual_seed(0)
+    X = torch.rand(12, 36)
+    y = torch.randint(0, 3, (12,)).to(X.dtype)
+    tick = ps.TICK(RBF(9, lengthscale=torch.tensor(1.0)), (6, 6, 1), 3, location_lengthscale=2.0)
+    P = init_patches(X, (6, 6, 1), 3, M + M2, per_centre=5)
+    gp = ps.SOLVEGP(tick, ps.IndexedInducingPatches(P[:M], grid=tick.grid),
+                    ps.IndexedInducingPatches(P[M:], grid=tick.grid), ps.RobustMax(3), num_outputs=3,
+                    integrate_f=True, name="tk")
+    with torch.no_grad():
+        gp.q_u.set(torch.randn(3, M), torch.eye(M).expand(3, M, M) * 0.5)
+        gp.q_v.set(torch.randn(3, M2), torch.eye(M2).expand(3, M2, M2) * 0.7)
+    sv = gp.to_svgp()
+    torch.testing.assert_close(sv.inducing.locations, torch.cat([gp.inducing.locations, gp.orthogonal.locations]))
+    with torch.no_grad():
+        torch.testing.assert_close(sv.analytic_elbo(X, y), gp.analytic_elbo(X, y), rtol=1e-7, atol=1e-7)
+    k = RBF(D)
+    k.lengthscale = PyroSample(dist.LogNormal(0.0, 1.0))
+    sampled = ps.SOLVEGP(k, torch.rand(M, D), torch.rand(M2, D) + 2, ps.Gaussian(0.2), name="hp")
+    with pytest.raises(ValueError, match="PyroSample"):
+        sampled.to_svgp()
