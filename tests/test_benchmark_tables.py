@@ -59,3 +59,23 @@ def test_training_bound_adds_chunks_to_the_full_data_bound(uci):
         full = dgp.analytic_elbo(X, y).item() / len(X)
         chunked = uci.training_bound(dgp, X, y, repeats=1, chunk=7)
     assert chunked == pytest.approx(full, rel=1e-10)
+
+
+def test_lift_starts_at_the_solvegp_bound_and_trains_both(uci):
+    """``--lift``: the DGP over ``Z ∪ O`` starts at the trained deep SOLVE-GP's bound (section 3.3: a one-layer model
+    has no sampling, so exactly), and both continuations train (their bounds rise) without touching each other."""
+    from types import SimpleNamespace
+
+    import pyro_sparsegp as ps
+
+    torch.manual_seed(0)
+    X = torch.randn(60, 2, dtype=torch.float64)
+    y = X.sum(-1).sin() + 0.1 * torch.randn(60, dtype=torch.float64)
+    dgp = ps.deep.build_deep_gp(X, [], ps.Gaussian(0.1), num_inducing=4, num_orthogonal=4)
+    args = SimpleNamespace(batch=60, lr=0.01, adam_only=False, test_samples=5, lift=30)
+    with torch.no_grad():
+        before = uci.training_bound(dgp, X, y, repeats=1)
+    out = uci.lift(dgp, X, y, (X[:10], y[:10], 1.0), 0, args)
+    assert out["lift_start_elbo"] == pytest.approx(before, rel=1e-8)
+    assert out["cont_elbo"] > before and out["lift_elbo"] > before
+    assert out["lift_steps"] == 30 and all(v == v for v in out.values())
