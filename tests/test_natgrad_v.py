@@ -104,13 +104,8 @@ def test_q_v_step_at_the_optimal_q_u_lands_on_eqs_28_29(whiten):
     of the joint normal equations), one step of length 1 on q(v⊥) from the prior lands on eqs. 28-29."""
     X, y = _data()
     gp = _solve(whiten)
-    A, Dm, Kuu, Cvv = _dense(gp, X)
-    beta = 1.0 / NOISE
-    F = torch.cat([A, Dm], -1)
-    prec = torch.block_diag(torch.linalg.inv(Kuu), torch.linalg.inv(Cvv)) + beta * F.mT @ F
-    means = torch.linalg.solve(prec, beta * F.mT @ y)
-    S_u = torch.linalg.inv(torch.linalg.inv(Kuu) + beta * A.mT @ A)
-    _set_plain(gp.q_u, means[:M], S_u, Kuu, whiten)
+    m_u, m_v, S_u, _, Kuu, Cvv = _joint_optimum(gp, X, y)
+    _set_plain(gp.q_u, m_u, S_u, Kuu, whiten)
     solvegp_natgrad_step(gp, X, y, lr=1.0, sites=("v",))
     k = gp.kernel
     with torch.no_grad():
@@ -118,7 +113,7 @@ def test_q_v_step_at_the_optimal_q_u_lands_on_eqs_28_29(whiten):
                                           whiten=whiten)
     _close(gp.q_v.u_loc, m28)
     _close(gp.q_v.u_scale_tril @ gp.q_v.u_scale_tril.mT, L29 @ L29.mT)
-    _close(_plain(gp.q_v, Cvv, whiten)[0], means[M:])
+    _close(_plain(gp.q_v, Cvv, whiten)[0], m_v)
 
 
 @pytest.mark.float64
