@@ -47,6 +47,7 @@ def test_paired_line_reports_the_training_bound_difference(uci):
     assert "training bound" not in uci.paired_solve_vs_dgp2(old)[0]
 
 
+@pytest.mark.float64  # identities to ~1e-8 on float64 data
 def test_training_bound_adds_chunks_to_the_full_data_bound(uci):
     """Chunked evaluation equals the one-batch bound (same noise draws: a one-layer model has none)."""
     import pyro_sparsegp as ps
@@ -61,6 +62,7 @@ def test_training_bound_adds_chunks_to_the_full_data_bound(uci):
     assert chunked == pytest.approx(full, rel=1e-10)
 
 
+@pytest.mark.float64  # identities to ~1e-8 on float64 data
 def test_lift_starts_at_the_solvegp_bound_and_trains_both(uci):
     """``--lift``: the DGP over ``Z ∪ O`` starts at the trained deep SOLVE-GP's bound (section 3.3: a one-layer model
     has no sampling, so exactly), and both continuations train (their bounds rise) without touching each other."""
