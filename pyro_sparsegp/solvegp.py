@@ -144,7 +144,7 @@ class SOLVEGP(SVGP):
             union.locations = torch.cat([u.locations, v.locations], -2)
         gp = SVGP(twin.kernel, union, twin.likelihood, twin.num_outputs, twin.whiten, name or f"{twin.name}_svgp",
                   twin.integrate_f, twin.jitter, twin.mean_function)
-        Luu, Lc, _ = twin._factors()
+        Lc = twin._factors()[1]  # chol(Cvv): ODVGP's plain scale of q(v⊥)
         m_u, L_u = twin.q_u.u_loc, twin.q_u.u_scale_tril
         m_v, L_v = twin.q_v.u_loc, twin._v_scale(Lc)
         if twin.whiten:
