@@ -337,8 +337,10 @@ def natgrad_from_grads_(q, lr: float) -> None:
 
 
 def _precision_step(q, lr: float):
-    """The covariance half of :func:`natgrad_from_grads_` (its docstring): ``(m, g_m, raw_m, L', raw_L, rho)`` with
-    ``L'`` the new scale (``L' L'^T = Lambda'^{-1}``) and ``rho`` the step length per output after damping."""
+    """The covariance half of :func:`natgrad_from_grads_` (its docstring): ``(m, g_m, raw_m, L', raw_L, rho, L, Psi)``
+    with ``L'`` the new scale (``L' L'^T = Lambda'^{-1}``), ``rho`` the step length per output after damping, ``L``
+    the current scale and ``Psi`` (so that ``L^{-T}(I + Psi)L^{-1}`` is the length-1 precision, the Hessian block
+    that :func:`solvegp_joint_natgrad_from_grads_` uses)."""
     if not getattr(q, "learn_scale", False):
         raise ValueError("natgrad_from_grads_ needs a full-covariance GaussianQ (learn_scale=True)")
     m, g_m, raw_m = _constrained_grad(q, "u_loc")
