@@ -1,6 +1,7 @@
 """Convolutional GPs on MNIST and Fashion-MNIST (Shi, Titsias, Mnih 2020, sec. 6.2, tables 8-9; van der Wilk et al.
-2017; Dutordoir et al. 2020): RBF SVGP, weighted-convolutional SVGP (M and 2M), convolutional SOLVE-GP (M + M), TICK
-SVGP, and 2-layer deep convolutional SVGP / SOLVE-GP (table 5: hidden 5x5 stride 1, 10 channels; TICK output layer
+2017; Dutordoir et al. 2020): RBF SVGP (M; ``rbf2M``: 2M), weighted-convolutional SVGP (M and 2M), convolutional
+SOLVE-GP (M + M), TICK SVGP, the sums weighted conv + RBF (``conv_rbf``, van der Wilk et al.'s "wconv + RBF") and TICK +
+RBF (``tick_rbf``) with M inducing patches + M inducing images, and 2-layer deep convolutional SVGP / SOLVE-GP (table 5: hidden 5x5 stride 1, 10 channels; TICK output layer
 4x4 stride 2), all with the robust-max likelihood (10 latent GPs, shared inducing patches), trained side by side on
 the same minibatches by ``pyro_sparsegp.infer.fit`` on each model's ``analytic_elbo`` (single layer: the closed-form
 bound with Gauss-Hermite quadrature; deep: Salimbeni's estimator through the hidden layers' marginals), Adam on
@@ -107,6 +108,17 @@ def build(model, Xtr, M, args):
             gp = ps.SOLVEGP(k, Z, ps.InducingPatches(P[M:]), lik, num_outputs=10, whiten=True, integrate_f=True)
         else:
             gp = ps.SVGP(k, Z, lik, num_outputs=10, whiten=True, integrate_f=True)
+    elif model in ("conv_rbf", "tick_rbf"):
+        # van der Wilk et al. 2017's "wconv + RBF" (TICK + RBF for tick_rbf): f = f_conv + f_rbf, u = (M
+        # inducing patches of f_conv, M inducing images of f_rbf), one full q(u) per class over both
+        tick = model == "tick_rbf"
+        kw = {"location_lengthscale": args.location_lengthscale} if tick else {}
+        kc = (ps.TICK if tick else ps.ConvKernel)(patch_kernel(25, args), IMG, 5, 1, **kw)
+        P = init_patches(Xtr, IMG, 5, M, per_centre=args.per_centre)
+        Zc = ps.IndexedInducingPatches(P, grid=kc.grid) if tick else ps.InducingPatches(P)
+        Zr = kmeans(Xtr[torch.randperm(len(Xtr))[: 20 * M]], M)
+        k = ps.SumKernel(kc, RBF(784, variance=torch.tensor(5.0), lengthscale=torch.tensor(5.0)))
+        gp = ps.SVGP(k, ps.InducingSum(Zc, Zr), lik, num_outputs=10, whiten=True, integrate_f=True)
     elif model in ("deep", "deep_solve"):
         M0, M1 = M
         solve = model == "deep_solve"
@@ -212,7 +224,7 @@ def run(dataset, model, M, data, args):
     if not args.timing_only:
         ll, acc = log_likelihood_and_accuracy(predict(Xte), yte)
     Mn = f"{M[0]},{M[1]}" if isinstance(M, tuple) else M
-    if model in ("conv_solve",):
+    if model in ("conv_solve", "conv_rbf", "tick_rbf"):
         Mn = f"{M}+{M}"
     if model == "deep_solve":
         Mn = f"{M[0]}+{M[0]},{M[1]}+{M[1]}"
@@ -259,8 +271,8 @@ def main():
         data = load(dataset, args.quick, np.random.default_rng(0))
         print(f"# {dataset}: {len(data[0])} train / {len(data[2])} test images", flush=True)
         for model in args.models.split(","):
-            m = {"conv2M": 2 * M, "deep": Md, "deep_solve": Md}.get(model, M)
-            row = run(dataset, "conv" if model == "conv2M" else model, m, data, args)
+            m = {"conv2M": 2 * M, "rbf2M": 2 * M, "deep": Md, "deep_solve": Md}.get(model, M)
+            row = run(dataset, {"conv2M": "conv", "rbf2M": "rbf"}.get(model, model), m, data, args)
             rows.append(row)
             print(table([row], [k for k in row if k != "curve"]), flush=True)
             # after every row: a partial run counts

@@ -13,6 +13,7 @@ from . import (
     infer,
     kernels,
     kernels_conv,
+    kernels_sum,
     likelihoods,
     linalg,
     mean_functions,
@@ -20,8 +21,9 @@ from . import (
 )
 from .conv import ConvLayer, DeepConvGP
 from .deep import DeepGP
-from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints
+from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, InducingSum
 from .kernels_conv import TICK, ConvKernel
+from .kernels_sum import SumKernel
 from .layers import SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
 from .likelihoods_multiclass import RobustMax, Softmax
@@ -38,6 +40,8 @@ __all__ = [
     "InducingPoints",
     "InducingPatches",
     "IndexedInducingPatches",
+    "SumKernel",
+    "InducingSum",
     "ConvLayer",
     "DeepConvGP",
     "Likelihood",
@@ -56,6 +60,7 @@ __all__ = [
     "conv",
     "inducing",
     "kernels_conv",
+    "kernels_sum",
     "distributions",
     "infer",
     "kernels",

@@ -128,7 +128,7 @@ class DeepGP(PyroModule):
                     raise ValueError(f"hidden layer {layer.name!r} has a likelihood; only the last layer has one")
                 if layer.num_outputs is None:
                     raise ValueError(f"hidden layer {layer.name!r} needs num_outputs (its width D_l, 1 included)")
-                nxt = layers[i + 1].Z.shape[-1]
+                nxt = layers[i + 1].inducing.input_dim(layers[i + 1].kernel)
                 if nxt != layer.num_outputs:
                     raise ValueError(f"layer {layers[i + 1].name!r} takes {nxt} features but {layer.name!r} gives "
                                      f"{layer.num_outputs}")
@@ -169,9 +169,10 @@ class DeepGP(PyroModule):
 
     def _check_data(self, X, y):
         first = self._stack[0]
-        if X.dim() < 2 or X.shape[-1] != first.Z.shape[-1]:
-            raise ValueError(f"X must be [..., N, D] with D = {first.Z.shape[-1]} (the first layer's inducing "
-                             f"inputs' dimension); got shape {tuple(X.shape)}")
+        D = first.inducing.input_dim(first.kernel)
+        if X.dim() < 2 or X.shape[-1] != D:
+            raise ValueError(f"X must be [..., N, D] with D = {D} (the first layer's input features); got shape "
+                             f"{tuple(X.shape)}")
         _check_finite("X", X)
         if y is not None:
             last, lik = self.last, self.likelihood

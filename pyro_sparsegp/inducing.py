@@ -5,6 +5,8 @@ r"""Inducing variables: what ``u`` is, and hence what ``Kuu`` and ``Kuf`` are.
   ``Kuf = c sum_p w_p k_g(z_m, x_n[p])``.
 * :class:`IndexedInducingPatches`: ``u_m = g(z_m, tau_m)``, plus locations ``T [.., M, 2]``;
   ``Kuu = k_g(Z, Z) k_t(T, T)``, ``Kuf = c sum_p w_p k_g(z_m, x_n[p]) k_t(tau_m, t_p)``.
+* :class:`InducingSum`: one inducing variable per part of a :class:`~pyro_sparsegp.kernels_sum.SumKernel`
+  (e.g. patches for a convolutional part, images for an RBF part); ``Kuu`` block-diagonal, ``Kuf`` stacked.
 
 Inducing patches are inter-domain inducing variables (Lázaro-Gredilla and Figueiras-Vidal 2009) of the
 convolutional kernels of :mod:`pyro_sparsegp.kernels_conv` (van der Wilk et al. 2017, eqs. 12-13; TICK: Dutordoir et
@@ -23,14 +25,16 @@ import torch
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
-from .kernels import kernel_diag, kernel_matrix, required_features
+from .kernels import kernel_matrix, required_features
 from .kernels_conv import TICK, ConvKernel
+from .kernels_sum import SumKernel, part_diag
 
 __all__ = [
     "InducingVariables",
     "InducingPoints",
     "InducingPatches",
     "IndexedInducingPatches",
+    "InducingSum",
     "as_inducing",
     "Kuu",
     "Kuf",
@@ -59,6 +63,31 @@ class InducingVariables(PyroModule):
     def num_inducing(self) -> int:
         """``M``, the size of ``Z``'s dimension ``-2`` (``Z`` ``[M, d]`` or ``[L, M, d]``); an ``int``."""
         return self.Z.shape[-2]
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """``()`` for one set shared by every output, ``(L,)`` for one set per output (``Z`` ``[L, M, d]``)."""
+        return self.Z.shape[:-2]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of ``Z`` (and of every tensor of this inducing variable)."""
+        return self.Z.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The device of ``Z``."""
+        return self.Z.device
+
+    def check_like(self, other: InducingVariables) -> None:
+        """``ValueError`` unless ``other`` (SOLVE-GP's orthogonal set) is of this kind with the same feature width
+        ``d`` and the same ``batch_shape``: ``Z`` ``[..., M, d]``, ``other.Z`` ``[..., M2, d]``."""
+        if type(other) is not type(self):
+            raise ValueError(f"O must be the same kind of inducing variable as Z ({type(self).__name__}), "
+                             f"got {type(other).__name__}")
+        Z, O = self.Z, other.Z  # noqa: E741
+        if O.dim() != Z.dim() or O.shape[-1] != Z.shape[-1] or O.shape[:-2] != Z.shape[:-2]:
+            raise ValueError(f"O must be shaped like Z ([..., M2, D] with D = {Z.shape[-1]}); got {tuple(O.shape)}")
 
     def input_dim(self, kernel) -> int:
         """Number of features ``D`` of the layer's inputs ``X`` ``[..., B, D]`` under ``kernel`` (an ``int``)."""
@@ -177,6 +206,89 @@ class IndexedInducingPatches(InducingPatches):
         return kernel.Kzf(self.Z, X, self.locations)
 
 
+class InducingSum(InducingVariables):
+    """The inducing variables of a sum of independent GPs (:class:`~pyro_sparsegp.kernels_sum.SumKernel`):
+    ``u = (u_1, ..., u_K)``, part ``k`` an inducing variable of ``f_k`` alone (van der Wilk et al. 2017, "wconv +
+    RBF": inducing patches for the convolutional part, inducing images for the RBF part, one full ``q(u)``).
+
+    :param parts: one :class:`InducingVariables` (or tensor: inducing points) per kernel of the sum, in the sum's
+        order, all with the same ``batch_shape`` (``()`` shared, or ``(L,)`` one set per output).
+
+    ``Kuu = blockdiag(K_{u_k u_k})`` ``[..., M, M]`` with ``M = sum_k M_k``; ``Kuf = [K_{u_k f_k}]`` stacked along
+    dimension ``-2``. There is no single ``Z``: read ``parts[k].Z``."""
+
+    def __init__(self, *parts):
+        PyroModule.__init__(self)
+        if len(parts) < 2:
+            raise ValueError(f"InducingSum needs one inducing variable per kernel of the sum (two or more), got "
+                             f"{len(parts)}")
+        parts = [as_inducing(p) for p in parts]
+        if any(isinstance(p, InducingSum) for p in parts):
+            raise ValueError("the parts of an InducingSum must not be sums themselves; flatten the sum")
+        if len({tuple(p.batch_shape) for p in parts}) != 1 or len({p.dtype for p in parts}) != 1:
+            raise ValueError(f"the parts must share batch shape and dtype; got "
+                             f"{[(tuple(p.batch_shape), p.dtype) for p in parts]}")
+        self.parts = PyroModule[torch.nn.ModuleList](parts)
+
+    @property
+    def Z(self):
+        raise TypeError("an InducingSum has no single Z: read inducing.parts[k].Z (one per kernel of the sum)")
+
+    @property
+    def num_inducing(self) -> int:
+        """``M = sum_k M_k``."""
+        return sum(p.num_inducing for p in self.parts)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.parts[0].batch_shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+    def input_dim(self, kernel) -> int:
+        """``D``: the features every kernel of the sum reads."""
+        return kernel.input_dim
+
+    def check(self, kernel) -> None:
+        """``ValueError`` unless ``kernel`` is a :class:`~pyro_sparsegp.kernels_sum.SumKernel` with one kernel per
+        part, each part valid for its kernel."""
+        if not isinstance(kernel, SumKernel) or len(kernel.kernels) != len(self.parts):
+            raise ValueError(f"an InducingSum of {len(self.parts)} parts needs a SumKernel of as many kernels, got "
+                             f"{type(kernel).__name__}")
+        for p, k in zip(self.parts, kernel.kernels):
+            p.check(k)
+
+    def check_like(self, other) -> None:
+        if not isinstance(other, InducingSum) or len(other.parts) != len(self.parts):
+            raise ValueError(f"O must be an InducingSum of {len(self.parts)} parts like Z, got {type(other).__name__}")
+        for p, o in zip(self.parts, other.parts):
+            p.check_like(o)
+
+    def Kuu(self, kernel, other=None):
+        other = self._same_kind(other)
+        blocks = [p.Kuu(k, None if other is None else o)
+                  for p, k, o in zip(self.parts, kernel.kernels, other.parts if other is not None else self.parts)]
+        lead = torch.broadcast_shapes(*(b.shape[:-2] for b in blocks))
+        rows, cols = [b.shape[-2] for b in blocks], [b.shape[-1] for b in blocks]
+        K = blocks[0].new_zeros(lead + (sum(rows), sum(cols)))
+        r = c = 0
+        for b in blocks:
+            K[..., r : r + b.shape[-2], c : c + b.shape[-1]] = b
+            r, c = r + b.shape[-2], c + b.shape[-1]
+        return K
+
+    def Kuf(self, kernel, X):
+        blocks = [p.Kuf(k, X) for p, k in zip(self.parts, kernel.kernels)]
+        lead = torch.broadcast_shapes(*(b.shape[:-2] for b in blocks))
+        return torch.cat([b.expand(lead + b.shape[-2:]) for b in blocks], -2)
+
+
 def as_inducing(Z) -> InducingVariables:
     """``Z`` itself if it is an :class:`InducingVariables`, else :class:`InducingPoints` ``(Z)`` (``Z`` ``[M, D]``
     or ``[L, M, D]``). A constructor helper: implements no paper equation."""
@@ -203,6 +315,4 @@ def Kff_diag(kernel, X: torch.Tensor) -> torch.Tensor:
     """Prior variances ``k(x_n, x_n)`` ``[..., B]`` (convolutional kernels: the ``O(B P^2 d)`` patch double sum,
     :meth:`~pyro_sparsegp.kernels_conv.ConvKernel.Kdiag`): the diagonal of :math:`K_{nn}` in Hensman, Matthews,
     Ghahramani 2015, eq. 19."""
-    if isinstance(kernel, ConvKernel):
-        return kernel.Kdiag(X)
-    return kernel_diag(kernel, X)
+    return part_diag(kernel, X)

@@ -205,10 +205,10 @@ class SVGP(PyroModule):
                 stacklevel=2,
             )
         inducing = ind.as_inducing(Z)  # a tensor Z: inducing points; or inducing patches (pyro_sparsegp.inducing)
-        Z = inducing.Z
-        if Z.dim() == 3 and (num_outputs is None or Z.shape[0] != num_outputs):
-            raise ValueError(f"Z of shape {tuple(Z.shape)} needs num_outputs == {Z.shape[0]}")
-        _check_finite("Z", Z)
+        per_output = tuple(inducing.batch_shape)
+        if per_output and (num_outputs is None or per_output != (num_outputs,)):
+            raise ValueError(f"inducing variables with batch shape {per_output} (one set per output) need "
+                             f"num_outputs == {per_output[0]}")
         inducing.check(kernel)
         self.kernel = kernel
         self.inducing = inducing
@@ -222,7 +222,7 @@ class SVGP(PyroModule):
         if out is not None and out != (num_outputs or 1):
             raise ValueError(f"the mean function has {out} outputs but the layer has {num_outputs or 1}")
         self.mean_function = mean_function
-        M = Z.shape[-2]
+        M = inducing.num_inducing
         scale_tril = None
         if not whiten and not sampled_attributes(kernel, names=False):  # start at q(u) = p(u) (unless theta is sampled)
             with torch.no_grad():
@@ -310,9 +310,9 @@ class SVGP(PyroModule):
     @layer_method
     def prior(self, Luu: torch.Tensor | None = None) -> dist.MultivariateNormal:
         """``p(u) = N(0, Kuu)`` (``N(0, I)`` when whitened), batch shape ``()`` or ``[L, 1]``."""
-        M = self.Z.shape[-2]
+        M = self.inducing.num_inducing
         batch = () if self.num_outputs is None else (self.num_outputs, 1)
-        zeros = torch.zeros(batch + (M,), dtype=self.Z.dtype, device=self.Z.device)
+        zeros = torch.zeros(batch + (M,), dtype=self.inducing.dtype, device=self.inducing.device)
         if self.whiten:
             return dist.Normal(zeros, 1.0).to_event(1)
         if Luu is None:

@@ -79,19 +79,14 @@ class SOLVEGP(SVGP):
         mean_function=None,
     ):
         super().__init__(kernel, Z, likelihood, num_outputs, whiten, name, integrate_f, jitter, mean_function)
-        if torch.is_tensor(O):
+        if torch.is_tensor(O) and isinstance(self.inducing, ind.InducingPoints):
             check_orthogonal_inputs(O, self.Z)
-        Z, orthogonal = self.Z, ind.as_inducing(O)  # O: a tensor (inducing points) or inducing variables like Z's
-        if type(orthogonal) is not type(self.inducing):
-            raise ValueError(f"O must be the same kind of inducing variable as Z ({type(self.inducing).__name__}), "
-                             f"got {type(orthogonal).__name__}")
-        O = orthogonal.Z  # noqa: E741
-        if O.dim() != Z.dim() or O.shape[-1] != Z.shape[-1] or O.shape[:-2] != Z.shape[:-2]:
-            raise ValueError(f"O must be shaped like Z ([..., M2, D] with D = {Z.shape[-1]}); got {tuple(O.shape)}")
+        orthogonal = ind.as_inducing(O)  # O: a tensor (inducing points) or inducing variables like Z's
+        self.inducing.check_like(orthogonal)
         orthogonal.check(kernel)
         self.orthogonal = orthogonal
         self.odvgp = odvgp
-        M2 = O.shape[-2]
+        M2 = orthogonal.num_inducing
         scale_tril = None
         if not whiten and not odvgp and not sampled_attributes(kernel, names=False):  # start at the prior q(v⊥) = p(v⊥)
             with torch.no_grad():
@@ -135,6 +130,9 @@ class SOLVEGP(SVGP):
         if sampled_attributes(self, names=False):
             raise ValueError("to_svgp: the layer has PyroSample hyperparameters; the map depends on their values, so "
                              "set them to fixed values (PyroParam or tensors) before converting")
+        if isinstance(self.inducing, ind.InducingSum):
+            raise ValueError("to_svgp: not available for an InducingSum (the union orders the inducing variables by "
+                             "part, which breaks the block-triangular Cholesky factor the map relies on)")
         twin = copy.deepcopy(self)
         twin._cache = {}
         u, v = twin.inducing, twin.orthogonal
@@ -213,9 +211,9 @@ class SOLVEGP(SVGP):
     @layer_method
     def prior_v(self, Lc=None):
         """``p(v⊥) = N(0, Cvv)`` (``N(0, I)`` whitened), batch shape ``()`` or ``[L, 1]``."""
-        M2 = self.O.shape[-2]
+        M2 = self.orthogonal.num_inducing
         batch = () if self.num_outputs is None else (self.num_outputs, 1)
-        zeros = torch.zeros(batch + (M2,), dtype=self.O.dtype, device=self.O.device)
+        zeros = torch.zeros(batch + (M2,), dtype=self.orthogonal.dtype, device=self.orthogonal.device)
         if self.whiten:
             return dist.Normal(zeros, 1.0).to_event(1)
         if Lc is None:
@@ -230,7 +228,7 @@ class SOLVEGP(SVGP):
         if self.q_v.learn_scale:
             return self.q_v.u_scale_tril
         if self.whiten:
-            return torch.eye(self.O.shape[-2], dtype=self.O.dtype, device=self.O.device)
+            return torch.eye(self.orthogonal.num_inducing, dtype=self.orthogonal.dtype, device=self.orthogonal.device)
         return Lc
 
     @layer_method

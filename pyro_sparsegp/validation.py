@@ -174,7 +174,7 @@ def check_data(module, X, y, subsample_size=None, num_data=None, purpose="model"
     """Data given to ``model``/``guide`` (``purpose="model"``), ``analytic_elbo`` (``"elbo"``: ``y`` required) or
     ``predict`` (``"predict"``: no rows is fine): types, dtype, rows, minibatch arguments. ``X`` ``[..., N, D]``,
     ``y`` ``[..., N]`` (or ``[..., N, L]``); the layer checks the exact shapes against its ``D`` and ``L``."""
-    dtype = module.Z.dtype
+    dtype = module.inducing.dtype
     check_tensor(X, "X", dtype)
     if y is None and purpose == "elbo":
         raise ValueError("the bound needs the observations: pass y (analytic_elbo(X, y))")
@@ -206,6 +206,6 @@ def check_predict(module, full: bool, batch_size) -> int:
         )
     _positive_int(batch_size, "batch_size")
     if batch_size is None:
-        M = module.Z.shape[-2] + (module.O.shape[-2] if hasattr(module, "O") else 0)
+        M = module.inducing.num_inducing + (module.orthogonal.num_inducing if hasattr(module, "orthogonal") else 0)
         batch_size = max(1, (1 << 24) // (M * (module.num_outputs or 1)))
     return int(batch_size)

@@ -81,3 +81,29 @@ def test_lift_starts_at_the_solvegp_bound_and_trains_both(uci):
     assert out["lift_start_elbo"] == pytest.approx(before, rel=1e-8)
     assert out["cont_elbo"] > before and out["lift_elbo"] > before
     assert out["lift_steps"] == 30 and all(v == v for v in out.values())
+
+
+@pytest.mark.parametrize("model", ["conv_rbf", "tick_rbf"])
+def test_convgp_sum_models_build_predict_and_train(model):
+    """The conv + RBF rows of benchmarks/convgp_mnist.py: M patches + M images in one q(u), predictions are class
+    probabilities, and a few steps of the benchmark's training loop move both inducing sets."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import convgp_mnist
+    finally:
+        sys.path.remove(str(BENCH))
+    import pyro_sparsegp as ps
+
+    args = SimpleNamespace(variance=5.0, lengthscale=1.0, location_lengthscale=3.0, per_centre=5, eval_batch=16,
+                           iters=3, anneal_every=2, lr=0.01, batch=8)
+    X, y = torch.rand(40, 784), torch.randint(0, 10, (40,)).to(torch.get_default_dtype())
+    gp, predict = convgp_mnist.build(model, X, 3, args)
+    assert isinstance(gp.kernel, ps.SumKernel) and gp.inducing.num_inducing == 6
+    probs = predict(X[:5])
+    assert probs.shape[-2:] == (5, 10)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]))
+    before = [p.Z.detach().clone() for p in gp.inducing.parts]
+    convgp_mnist.train(gp, X, y, args, on_step=lambda it, loss: None)
+    assert all(not torch.equal(p.Z.detach(), b) for p, b in zip(gp.inducing.parts, before))

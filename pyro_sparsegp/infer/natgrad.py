@@ -84,7 +84,7 @@ def _check_step_data(svgp, X, y):
 
 
 def _prior_natural(svgp, Luu):
-    M = svgp.Z.shape[-2]
+    M = svgp.inducing.num_inducing
     eye = torch.eye(M, dtype=Luu.dtype, device=Luu.device)
     if svgp.whiten:
         prec = eye
@@ -99,8 +99,8 @@ def _A(svgp, Luu, W):
 
 
 def _targets(svgp, y):
-    if svgp.likelihood.latent_dim == 1 and y.dtype != svgp.Z.dtype:
-        y = y.to(svgp.Z.dtype)  # integer or boolean labels
+    if svgp.likelihood.latent_dim == 1 and y.dtype != svgp.inducing.dtype:
+        y = y.to(svgp.inducing.dtype)  # integer or boolean labels
     if svgp.num_outputs is not None and svgp.likelihood.latent_dim == 1:
         return y.mT  # [L, B]
     return y
