@@ -2,8 +2,6 @@
 2017's weighted-conv + RBF model. Covariances against the parts computed separately, the bound against the dense
 KL-sparse bound, Trace_ELBO against the closed form, SOLVE-GP with the prior q(v⊥) against SVGP, and Pyro idioms."""
 
-import math
-
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -17,6 +15,7 @@ import pyro_sparsegp as ps
 from pyro_sparsegp.bounds import svgp as B
 from pyro_sparsegp.inducing import Kff_diag, Kuf, Kuu
 from pyro_sparsegp.infer import fit
+from test_conv import assert_trace_elbo_matches_closed_form
 
 H, W, C = 5, 4, 1
 D = H * W * C
@@ -102,17 +101,7 @@ def test_svgp_bound_with_a_sum_kernel_is_the_dense_kl_sparse_bound(lik, whiten):
 def test_trace_elbo_with_many_particles_matches_the_closed_form():
     k = _kernel(tick=True)
     gp = ps.SVGP(k, _inducing(k), ps.RobustMax(3), num_outputs=3, whiten=False, integrate_f=True)
-    X, y = torch.randn(6, D), torch.randint(0, 3, (6,)).double()
-    with torch.no_grad():
-        gp.q_u.u_loc.copy_(0.5 * torch.randn_like(gp.q_u.u_loc))
-        gp.q_u.u_scale_tril.mul_(0.7)
-    exact = -gp.analytic_elbo(X, y).item()
-    elbo = Trace_ELBO(num_particles=500, vectorize_particles=True, max_plate_nesting=2)
-    with torch.no_grad():
-        vals = torch.tensor([elbo.loss(gp.model, gp.guide, X, y) for _ in range(20)])
-    se = vals.std() / math.sqrt(len(vals))
-    assert se > 0
-    assert (vals.mean() - exact).abs() < 4 * se, (vals.mean(), exact, se)
+    assert_trace_elbo_matches_closed_form(gp, torch.randn(6, D), torch.randint(0, 3, (6,)).double())
 
 
 @pytest.mark.float64
