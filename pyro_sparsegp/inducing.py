@@ -272,8 +272,8 @@ class InducingSum(InducingVariables):
 
     def Kuu(self, kernel, other=None):
         other = self._same_kind(other)
-        blocks = [p.Kuu(k, None if other is None else o)
-                  for p, k, o in zip(self.parts, kernel.kernels, other.parts if other is not None else self.parts)]
+        others = [None] * len(self.parts) if other is None else other.parts
+        blocks = [p.Kuu(k, o) for p, k, o in zip(self.parts, kernel.kernels, others)]
         lead = torch.broadcast_shapes(*(b.shape[:-2] for b in blocks))
         rows, cols = [b.shape[-2] for b in blocks], [b.shape[-1] for b in blocks]
         K = blocks[0].new_zeros(lead + (sum(rows), sum(cols)))
