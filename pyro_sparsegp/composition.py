@@ -31,6 +31,8 @@ from pyro.poutine.plate_messenger import PlateMessenger
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 
+from .naming import check_not_superseded
+
 __all__ = [
     "plate",
     "layer_method",
@@ -117,6 +119,7 @@ def layer_method(fn=None, *, guide_arg: str | None = None):
     def wrap(fn):
         @functools.wraps(fn)
         def method(self, *args, **kwargs):
+            check_not_superseded(self)
             with self._pyro_context:
                 guide = kwargs.get(guide_arg, False) if guide_arg else None
                 _seed_context(self, guide)

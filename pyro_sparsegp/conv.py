@@ -41,6 +41,7 @@ from pyro.nn import PyroModule, pyro_method
 from .inducing import IndexedInducingPatches
 from .kernels_conv import TICK, _image, _pair, output_shape, patches
 from .layers import SVGP
+from .naming import unique_name
 from .solvegp import SOLVEGP
 
 __all__ = ["ConvLayer", "DeepConvGP", "init_patches", "kmeans", "log_likelihood_and_accuracy"]
@@ -112,9 +113,10 @@ class ConvLayer(PyroModule):
         O: torch.Tensor | None = None,  # noqa: E741 (the paper's name)
         whiten: bool = False,
         mean: str = "identity",
-        name: str = "conv",
+        name: str | None = None,
         jitter: float | None = None,
     ):
+        name = unique_name("conv") if name is None else name
         super().__init__(name=name)
         if mean not in ("identity", "zero"):
             raise ValueError(f"mean must be 'identity' or 'zero', got {mean!r}")

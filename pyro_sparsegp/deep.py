@@ -49,8 +49,10 @@ from . import deferred
 from .composition import BoundModule, layer_method
 from .composition import plate as data_plate
 from .distributions import MarginalizedLikelihood
+from .inputs import as_targets, as_tensor
 from .layers import SVGP, _check_finite, _take, as_inputs
 from .mean_functions import FixedProjection
+from .naming import register_name, unique_name
 from .solvegp import SOLVEGP
 
 __all__ = ["DeepGP", "build_deep_gp", "init_inducing", "sample_marginal"]
@@ -112,8 +114,10 @@ class DeepGP(PyroModule):
     (``[..., N]``, or ``[..., N, L]`` for ``L`` outputs).
     """
 
-    def __init__(self, layers, num_samples: int = 5, marginalize_last: bool = True, name: str = "dgp"):
+    def __init__(self, layers, num_samples: int = 5, marginalize_last: bool = True, name: str | None = None):
+        name = unique_name("dgp") if name is None else name
         super().__init__(name=name)
+        register_name(self, name)
         layers = list(layers)
         if not layers:
             raise ValueError("a DeepGP needs at least one layer")
@@ -167,20 +171,23 @@ class DeepGP(PyroModule):
         q_v = getattr(self.last, "q_v", None)
         return [self.last.q_u] + ([q_v] if q_v is not None and q_v.learn_scale else [])
 
-    def _check_data(self, X, y):
+    def check_inputs(self, X, y=None):
+        """The data as tensors, checked (:mod:`pyro_sparsegp.inputs`, as :meth:`SVGP.check_inputs`): ``X``
+        ``[..., N, D_0]``, ``y`` ``[..., N]`` (``[N, 1]`` taken as ``[N]``) or ``[..., N, L]``; returns ``(X, y)``."""
         first = self._stack[0]
+        X = as_tensor(X, "X", first.inducing.dtype, first.inducing.device)
         D = first.inducing.input_dim(first.kernel)
         if X.dim() < 2 or X.shape[-1] != D:
-            raise ValueError(f"X must be [..., N, D] with D = {D} (the first layer's input features); got shape "
+            raise ValueError(f"X must be [N, D] with D = {D} features (the first layer's inputs), got shape "
                              f"{tuple(X.shape)}")
         _check_finite("X", X)
         if y is not None:
             last, lik = self.last, self.likelihood
-            expect = X.shape[-2:-1] + ((last.num_outputs,) if last.num_outputs and lik.latent_dim == 1 else ())
-            if y.shape[-len(expect):] != expect:
-                raise ValueError(f"y must have shape [..., {', '.join(map(str, expect))}], got {tuple(y.shape)}")
+            y = as_tensor(y, "y", X.dtype, X.device, floating=False)
+            y = as_targets(y, X.shape[-2], last.num_outputs, bool(last.num_outputs) and lik.latent_dim == 1)
             if deferred.active() is None:  # else fit checked y once (deferred.py)
                 lik.check_y(y)
+        return X, y
 
     def _targets(self, y):
         if y is not None and self.last.num_outputs is not None and self.likelihood.latent_dim == 1:
@@ -207,7 +214,7 @@ class DeepGP(PyroModule):
         the sample of the layer below (``sample_hidden``) and ``y`` (module docstring). ``num_data``: ``X`` is a
         minibatch of a data set of that size; ``subsample_size``: the plate draws a minibatch of ``X``. ``X``
         ``[..., N, D_0]``, ``y`` as in the class docstring; returns the observed ``y`` site's value."""
-        self._check_data(X, y)
+        X, y = self.check_inputs(X, y)
         us = [layer.sample_u() for layer in self._stack]
         last, lik = self.last, self.likelihood
         with self._plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
@@ -227,7 +234,7 @@ class DeepGP(PyroModule):
         """Variational distribution ``prod_l q(u_l) p(f_l | u_l, f_{l-1})``; returns the drawn latent values by site
         name (a dict, so that it can be a part of ``AutoGuideList``). ``X`` ``[..., N, D_0]``; hidden ``f`` values
         ``[..., D_l, B]`` (``[..., B]`` for a single output)."""
-        self._check_data(X, y)
+        X, y = self.check_inputs(X, y)
         us = [layer.sample_u(guide=True) for layer in self._stack]
         out = {}
         for layer, u in zip(self._stack, us, strict=True):
@@ -273,7 +280,7 @@ class DeepGP(PyroModule):
         - sum_l KL_l`` with ``S = num_samples`` (default ``self.num_samples``) samples propagated through the hidden
         layers' marginals, the last expectation analytic (Gaussian) or by Gauss-Hermite, and the KL terms in closed
         form. Differentiable and unbiased; ``fit(..., elbo="analytic")`` maximises it."""
-        self._check_data(X, y)
+        X, y = self.check_inputs(X, y)
         _, loc, var = self.propagate(X, num_samples)
         S = loc.shape[0]
         yt = self._targets(y)
@@ -287,7 +294,7 @@ class DeepGP(PyroModule):
     def predict(self, X: torch.Tensor, num_samples: int = 100):
         """The predictive mixture's components: mean and variance of ``f*`` per sample, ``[S, N]`` or ``[S, N, L]``
         each (``q(f* | x*) ≈ 1/S sum_s N(mu_s, var_s)``, Salimbeni & Deisenroth 2017, section 3.3)."""
-        self._check_data(X, None)
+        X, _ = self.check_inputs(X)
         _, loc, var = self.propagate(X, num_samples)
         for layer in self._stack:
             layer._cache.clear()
@@ -296,22 +303,35 @@ class DeepGP(PyroModule):
         return loc, var
 
     @torch.no_grad()
-    def predictive_log_prob(self, X: torch.Tensor, y: torch.Tensor, num_samples: int = 100) -> torch.Tensor:
+    def predictive_log_prob(self, X: torch.Tensor, y: torch.Tensor, num_samples: int = 100,
+                            return_se: bool = False):
         """Test log-likelihood per point ``[N]``: ``log 1/S sum_s p(y_n | mu_s, var_s)`` (logsumexp over the mixture's
-        ``S`` components; a vector ``y_n`` of ``L`` outputs is scored jointly within each component)."""
-        self._check_data(X, y)
+        ``S = num_samples`` components; a vector ``y_n`` of ``L`` outputs is scored jointly within each component).
+
+        How many samples suffice: the estimate is a log of a Monte Carlo mean, so it is biased low and its error is
+        about ``se_n = std_s(w_s) / (sqrt(S) mean_s(w_s))`` with ``w_s = p(y_n | mu_s, var_s)`` (the delta method).
+        Where the hidden layers put the point on either side of a sharp change (a step, a discontinuity), a few
+        components carry all the mass and ``S = 100`` can be off by several nats for that point, which then dominates
+        a mean over points. ``return_se=True`` also returns ``se`` ``[N]``: raise ``S`` until ``se`` is small (e.g.
+        below 0.05) for the points you average, or report the median over points beside the mean."""
+        X, y = self.check_inputs(X, y)
         _, loc, var = self.propagate(X, num_samples)
         for layer in self._stack:
             layer._cache.clear()
         lp = self.likelihood.predictive_log_prob(self._targets(y), loc, var)  # [S, (L,) N]
         if lp.dim() == 3:
             lp = lp.sum(-2)
-        return torch.logsumexp(lp, 0) - math.log(lp.shape[0])
+        out = torch.logsumexp(lp, 0) - math.log(lp.shape[0])
+        if not return_se:
+            return out
+        w = (lp - lp.max(0).values).exp()  # weights relative to the largest, [S, N]
+        se = w.std(0) / (w.mean(0) * math.sqrt(lp.shape[0]))
+        return out, se
 
     @torch.no_grad()
     def predict_proba(self, X: torch.Tensor, num_samples: int = 100) -> torch.Tensor:
         """Class probabilities, the mixture's average: ``[N]`` (``p(y=1)``, Bernoulli) or ``[N, K]`` (multi-class)."""
-        self._check_data(X, None)
+        X, _ = self.check_inputs(X)
         _, loc, var = self.propagate(X, num_samples)
         for layer in self._stack:
             layer._cache.clear()
@@ -358,7 +378,7 @@ def build_deep_gp(
     init: str = "kmeans",
     num_samples: int = 5,
     seed: int = 0,
-    name: str = "dgp",
+    name: str | None = None,
 ) -> DeepGP:
     """A :class:`DeepGP` initialised as the anchors do (Salimbeni & Deisenroth 2017 reference code; GPflux):
 
@@ -393,8 +413,8 @@ def build_deep_gp(
         k = kernels[kernel](input_dim=D, variance=torch.tensor(float(variance)),
                             lengthscale=torch.full((D,), float(lengthscale)))
         mean = None if last else FixedProjection.between(X_run, D_out)
-        kwargs = dict(likelihood=likelihood if last else None, num_outputs=D_out, whiten=whiten, name=f"layer{i}",
-                      mean_function=mean)
+        kwargs = dict(likelihood=likelihood if last else None, num_outputs=D_out, whiten=whiten,
+                      name=unique_name(f"layer{i}"), mean_function=mean)
         if M2 > 0:
             layer = SOLVEGP(k, Z_run[:M].clone(), Z_run[M:].clone(), **kwargs)
         else:

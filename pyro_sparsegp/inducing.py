@@ -25,6 +25,7 @@ import torch
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
+from .inputs import as_tensor
 from .kernels import kernel_matrix, required_features
 from .kernels_conv import TICK, ConvKernel
 from .kernels_sum import SumKernel, part_diag
@@ -54,8 +55,11 @@ class InducingVariables(PyroModule):
 
     def __init__(self, Z: torch.Tensor):
         super().__init__()
-        if not isinstance(Z, torch.Tensor) or Z.dim() not in (2, 3):
-            raise ValueError(f"Z must be a tensor [M, d] or [L, M, d], got {getattr(Z, 'shape', type(Z))}")
+        if not isinstance(Z, torch.Tensor):
+            Z = as_tensor(Z, "Z")  # numpy, lists, pandas: in the default dtype (pyro_sparsegp.inputs)
+        if Z.dim() not in (2, 3):
+            raise ValueError(f"Z must be [M, D] (M inducing inputs of D features) or [L, M, D] (one set per output), "
+                             f"got shape {tuple(Z.shape)}")
         _check_finite("Z", Z)
         self.Z = PyroParam(Z.detach().clone(), constraints.real)
 

@@ -37,9 +37,11 @@ from .composition import (
 from .composition import plate as data_plate
 from .distributions import MarginalizedLikelihood
 from .distributions.kl import ConditionalNormal
+from .inputs import as_targets, as_tensor
 from .kernels import kernel_matrix
 from .likelihoods import Likelihood, _check_finite
 from .linalg import cholesky, project_chol, solve_lower, whitened_marginals
+from .naming import ParamStoreWarning, claim_name, unique_name
 from .validation import check_data, check_module_args, check_predict
 from .variational import GaussianQ
 
@@ -74,34 +76,23 @@ class _XKey:
 
 
 
-def _claim_store_names(name: str) -> None:
-    """A new module named ``name`` owns ``<name>.*`` in Pyro's global parameter store: entries left there by an
-    earlier module of that name (a notebook cell run twice) would otherwise be adopted silently, even with another
-    shape. They are dropped, with a warning."""
-    if pyro.settings.get("module_local_params"):
-        return
-    store = pyro.get_param_store()
-    stale = [k for k in list(store.keys()) if k.startswith(name + ".")]
-    if stale:
-        warnings.warn(
-            f"Pyro's global parameter store held {len(stale)} parameter(s) of an earlier module named {name!r} "
-            f"(e.g. {stale[0]!r}); they were dropped so that this module trains its own values. Give modules that "
-            "live together distinct names, or use pyro.settings.set(module_local_params=True).",
-            ParamStoreWarning,
-            stacklevel=3,
-        )
-        for k in stale:
-            del store[k]
-
-
 class UntrainableWarning(UserWarning):
     """A configuration whose ELBO is right but gives no gradient to the parameters (see :class:`SVGP`).
     A warning: implements no paper equation."""
 
 
-class ParamStoreWarning(UserWarning):
-    """A module replaced stale entries of Pyro's global parameter store (see :func:`_claim_store_names`).
-    A warning: implements no paper equation."""
+def _outputs_for(likelihood, num_outputs):
+    """``num_outputs`` for a layer with ``likelihood``: a likelihood of ``K > 1`` latent functions (multi-class) needs
+    ``K`` outputs and infers it; a mismatch raises, naming ``K``."""
+    K = getattr(likelihood, "latent_dim", 1)
+    if K == 1:
+        return num_outputs
+    if num_outputs is None:
+        return K
+    if num_outputs != K:
+        raise ValueError(f"{type(likelihood).__name__} has K = {K} classes (latent functions), so the layer needs "
+                         f"num_outputs = {K} (or None, which infers it); got num_outputs = {num_outputs}")
+    return num_outputs
 
 
 def as_inputs(f: torch.Tensor, num_outputs: int | None) -> torch.Tensor:
@@ -152,9 +143,12 @@ class SVGP(PyroModule):
         :class:`~pyro_sparsegp.inducing.InducingVariables` (e.g. inducing patches of a convolutional kernel); read
         back as ``gp.Z`` (the tensor) and ``gp.inducing`` (the module).
     :param likelihood: a :class:`~pyro_sparsegp.likelihoods.Likelihood`, or ``None`` for a hidden layer.
-    :param int num_outputs: ``L`` independent outputs (``None``: a single output).
+    :param int num_outputs: ``L`` independent outputs (``None``: a single output, or, for a likelihood of ``K``
+        latent functions such as :class:`~pyro_sparsegp.RobustMax` ``(K)``, ``K``: it is inferred).
     :param bool whiten: put the prior ``N(0, I)`` on ``v = Luu^{-1} u`` instead of ``N(0, Kuu)`` on ``u``.
-    :param str name: prefix of the sample sites.
+    :param str name: prefix of the sample sites (and, under Pyro's global parameter store, of the parameters).
+        ``None`` (default): ``"gp"``, or ``"gp_2"``, ``"gp_3"``, ... while a module of that name is alive, so that
+        two modules never share parameters (:mod:`pyro_sparsegp.naming`).
     :param bool integrate_f: observe ``y`` from :class:`MarginalizedLikelihood` (``f`` integrated out given ``u``;
         same bound, lower variance) instead of sampling the ``<name>.f`` site. The default (``None``) integrates for
         likelihoods that are piecewise constant in ``f``, such as robust-max, whose sampled ``f`` site carries no
@@ -184,15 +178,19 @@ class SVGP(PyroModule):
         likelihood: Likelihood | None = None,
         num_outputs: int | None = None,
         whiten: bool = True,
-        name: str = "gp",
+        name: str | None = None,
         integrate_f: bool | None = None,
         jitter: float | None = None,
         mean_function=None,
     ):
+        name = unique_name("gp") if name is None else name
         super().__init__(name=name)  # parameters are "<name>.inducing.Z", "<name>.q_u.u_loc", ... in Pyro's store
+        if not isinstance(Z, ind.InducingVariables) and not torch.is_tensor(Z):
+            Z = as_tensor(Z, "Z")  # numpy, lists, pandas (pyro_sparsegp.inputs), in the default dtype
+        num_outputs = _outputs_for(likelihood, num_outputs)
         if torch.is_tensor(Z):  # inducing points; other inducing variables check themselves (inducing.check)
             check_module_args(kernel, Z, likelihood, num_outputs, jitter)
-        _claim_store_names(name)
+        claim_name(self, name)
         piecewise = bool(getattr(likelihood, "piecewise_constant", False))
         if integrate_f is None:
             integrate_f = piecewise
@@ -253,7 +251,7 @@ class SVGP(PyroModule):
         if consume and key in self._cache:
             return self._cache.pop(key)
         Kuu = ind.Kuu(self.inducing, self.kernel)
-        out = (Kuu, cholesky(Kuu, self.jitter))
+        out = (Kuu, cholesky(Kuu, self.jitter, warn_singular=not self.whiten))
         if not consume:
             self._cache = {key: out}
         return out
@@ -407,23 +405,27 @@ class SVGP(PyroModule):
             return data_plate(f"{self.name}.data", N, subsample_size=subsample_size, dim=-1, device=device)
         return data_plate(f"{self.name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
 
-    def _check_data(self, X, y, subsample_size=None, num_data=None, purpose="model"):
-        check_data(self, X, y, subsample_size, num_data, purpose)
+    def check_inputs(self, X, y=None, subsample_size=None, num_data=None, purpose="model"):
+        """The layer's data as tensors, checked (:mod:`pyro_sparsegp.inputs`: tensors, numpy, lists, pandas; floating
+        data in the module's dtype and device): ``X`` ``[..., N, D]``; ``y`` ``[..., N]`` (one output, or a class
+        label per row; ``[N, 1]`` is taken as ``[N]``) or ``[..., N, L]`` for ``L`` outputs of an element-wise
+        likelihood. Returns ``(X, y)``; errors name ``N``, ``D`` and ``L``. Every entry point calls it (``fit``
+        once, on the whole data)."""
+        X, y = check_data(self, X, y, subsample_size, num_data, purpose)
         D = self.inducing.input_dim(self.kernel)
         if X.dim() < 2 or X.shape[-1] != D:
             raise ValueError(
-                f"X must be [..., N, D] with D = {D} (the inputs' dimension for the inducing variables); "
-                f"got shape {tuple(X.shape)}"
+                f"X must be [N, D] with D = {D} features (the inducing inputs' dimension), got shape "
+                f"{tuple(X.shape)}"
             )
         _check_finite("X", X)
         if y is not None:
-            expect = X.shape[-2:-1]
-            if self.num_outputs is not None and self.likelihood is not None and self.likelihood.latent_dim == 1:
-                expect = expect + (self.num_outputs,)
-            if y.shape[-len(expect) :] != expect:
-                raise ValueError(f"y must have shape [..., {', '.join(map(str, expect))}], got {tuple(y.shape)}")
+            lik = self.likelihood
+            per_output = self.num_outputs is not None and lik is not None and lik.latent_dim == 1
+            y = as_targets(y, X.shape[-2], self.num_outputs, per_output)
             if self.likelihood is not None and deferred.active() is None:  # else fit checked y once (deferred.py)
                 self.likelihood.check_y(y)
+        return X, y
 
     def _observe(self, f_or_q, y):
         lik = self.likelihood
@@ -446,7 +448,7 @@ class SVGP(PyroModule):
         ``X`` ``[..., N, D]``; ``y`` ``[..., N]`` (single output) or ``[..., N, L]``; returns ``f`` ``[..., B]`` or
         ``[..., L, B]`` (the moments ``(loc, var)`` when ``integrate_f``). With :meth:`guide`, ``Trace_ELBO``
         estimates the bound of Hensman, Matthews, Ghahramani 2015, eq. 21."""
-        self._check_data(X, y, subsample_size, num_data)
+        X, y = self.check_inputs(X, y, subsample_size, num_data)
         u = self.sample_u()
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
             Xb = X if num_data is not None or subsample_size is None else _take(X, idx)
@@ -464,7 +466,7 @@ class SVGP(PyroModule):
         Pyro's autoguides do, so that it can be a part of ``AutoGuideList``). ``X`` ``[..., N, D]``, ``y`` as in
         :meth:`model`; ``u`` ``[..., M]`` or ``[..., L, 1, M]``, ``f`` ``[..., B]`` or ``[..., L, B]`` (Hensman,
         Matthews, Ghahramani 2015, eqs. 18 and 21: :math:`q(f) = \\int p(f|u) q(u) du`)."""
-        self._check_data(X, y, subsample_size, num_data)
+        X, y = self.check_inputs(X, y, subsample_size, num_data)
         u = self.sample_u(guide=True)
         with self._data_plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
             Xb = X if num_data is not None or subsample_size is None else _take(X, idx)
@@ -488,7 +490,7 @@ class SVGP(PyroModule):
         :class:`~pyro_sparsegp.PolyaGammaLogit` the augmented bound of Wenzel et al. 2019 at the optimal ``c``):
         ``num_data / B * sum_n E_q[log p(y_n | f_n)] - KL[q || p]``, an unbiased estimate of the full-data bound.
         This is what ``fit(..., elbo="analytic")`` maximises."""
-        self._check_data(X, y, purpose="elbo")
+        X, y = self.check_inputs(X, y, purpose="elbo")
         loc, var = self.qf(X)  # factorises once and keeps the factors for the KL
         kl = self.kl_divergence(consume=True)
         self._cache.clear()
@@ -510,7 +512,7 @@ class SVGP(PyroModule):
         predictive distribution of ``y*`` from the likelihood, shaped like the training targets (``[..., N]``, or
         ``[..., N, L]``). ``X`` is processed in chunks of ``batch_size`` rows (default: as many as keep the
         ``[L, M, rows]`` projection within 2^24 elements), so memory is bounded."""
-        self._check_data(X, None, purpose="predict")
+        X, _ = self.check_inputs(X, None, purpose="predict")
         batch_size = check_predict(self, full, batch_size)
         multi = self.num_outputs is not None
         Xq = X.unsqueeze(-3) if multi and X.dim() > 2 else X
@@ -550,7 +552,7 @@ class SVGP(PyroModule):
     def sample_posterior(self, X: torch.Tensor, num_samples: int = 1) -> torch.Tensor:
         """Joint draws of ``f*`` from :math:`q(f^*)` at ``X [N, D]`` with its full covariance (smooth function
         draws, not independent marginals): ``[num_samples, N]`` or ``[num_samples, N, L]``."""
-        self._check_data(X, None)
+        X, _ = self.check_inputs(X, None)
         mean, cov = self.qf_full(X)
         L = cholesky(0.5 * (cov + cov.mT), self.jitter)
         eps = torch.randn((num_samples,) + mean.shape, dtype=mean.dtype, device=mean.device)

@@ -89,8 +89,8 @@ def _check_conditioning(A, L, eps, scale):
         f"cholesky: a {M} x {M} matrix is numerically singular: {count} of its {M} pivots come from the jitter "
         f"(relative {eps:.1e}), not from the matrix. For a kernel matrix of inducing inputs this means duplicate or "
         "near-duplicate inputs (or a lengthscale much larger than their spread); terms with its inverse (the "
-        "un-whitened KL) are then dominated by the jitter. Remove duplicate inducing inputs, use fewer of them, or "
-        "use whiten=True.",
+        "un-whitened KL) are then dominated by the jitter. Use whiten=True (the layers' default, which never "
+        "inverts it), or remove duplicate inducing inputs / use fewer of them.",
         IllConditionedWarning,
         stacklevel=4,
     )
@@ -111,13 +111,18 @@ def add_diag(A: torch.Tensor, value) -> torch.Tensor:
     return out
 
 
-def cholesky(A: torch.Tensor, jitter: float | None = None, max_tries: int = 6) -> torch.Tensor:
+def cholesky(
+    A: torch.Tensor, jitter: float | None = None, max_tries: int = 6, warn_singular: bool = True
+) -> torch.Tensor:
     """Lower Cholesky factor of a batch of symmetric positive-definite matrices with jitter escalation.
 
     :param A: ``[..., M, M]`` symmetric matrices.
     :param jitter: base relative jitter (default :func:`default_jitter`), scaled by the mean diagonal of ``A``;
         ``0`` tries the exact matrix first and then escalates from :func:`default_jitter`.
     :param max_tries: how many tenfold escalations to try after the first attempt.
+    :param warn_singular: emit :class:`IllConditionedWarning` for a numerically singular matrix. Layers pass
+        ``False`` for a whitened ``Kuu`` (and SOLVE-GP's ``Cvv``): no term of the whitened bound uses its inverse,
+        so the jitter only adds a negligible independent variance to ``u`` and the warning's advice would be empty.
     :returns: ``L`` ``[..., M, M]`` with ``L @ L.mT = A + jitter * mean(diag A) * I``.
     :raises torch.linalg.LinAlgError: if the matrix is not positive definite even with the largest jitter.
 
@@ -149,7 +154,8 @@ def cholesky(A: torch.Tensor, jitter: float | None = None, max_tries: int = 6) -
                     "jitter (duplicate inducing inputs, or float32 with many of them, are the usual cause)",
                     CholeskyJitterWarning,
                 )
-            _check_conditioning(A, L, eps, scale)
+            if warn_singular:
+                _check_conditioning(A, L, eps, scale)
             return L
         eps = max(eps * 10.0, default_jitter(A.dtype) if attempt == 0 and eps == 0 else 0.0)  # jitter=0: then base
     raise torch.linalg.LinAlgError(

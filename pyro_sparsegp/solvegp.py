@@ -72,7 +72,7 @@ class SOLVEGP(SVGP):
         likelihood=None,
         num_outputs=None,
         whiten=True,
-        name="gp",
+        name=None,
         integrate_f=None,
         jitter=None,
         odvgp=False,
@@ -166,14 +166,15 @@ class SOLVEGP(SVGP):
         the backward pass solves against ``Luu`` once for both; ``A^T A`` is a :func:`gram`."""
         k, u, v = self.kernel, self.inducing, self.orthogonal
         Kuu = ind.Kuu(u, k)
-        Luu = cholesky(Kuu, self.jitter)  # [(L,) M, M]
+        Luu = cholesky(Kuu, self.jitter, warn_singular=not self.whiten)  # [(L,) M, M]
         Kuv = ind.Kuu(u, k, v)
         if Xk is None:
             (A,) = project_chol(Kuu, Luu, Kuv)
         else:
             A, B = project_chol(Kuu, Luu, Kuv, ind.Kuf(u, k, Xk))  # [(L,) M, M2], [..., (L,) M, B]
         Cvv = ind.Kuu(v, k) - gram(A)
-        Lc = cholesky(Cvv, self.jitter)  # [(L,) M2, M2]; the factorisation reads the lower triangle only
+        # [(L,) M2, M2]; the factorisation reads the lower triangle only
+        Lc = cholesky(Cvv, self.jitter, warn_singular=not self.whiten)
         if Xk is None:
             return Luu, Lc, A
         (D,) = project_chol(Cvv, Lc, ind.Kuf(v, k, Xk) - A.mT @ B)  # [..., (L,) M2, B]

@@ -1,10 +1,11 @@
 """Checks of user input at the public entry points, each failing with an error that names the problem and the fix.
 
 The modules call these with one line each (:class:`~pyro_sparsegp.SVGP` and :class:`~pyro_sparsegp.SOLVEGP`
-constructors, ``_check_data`` of their ``model``/``guide``/``predict``), so the rules live in one place:
+constructors, ``check_inputs`` of their ``model``/``guide``/``predict``), so the rules live in one place:
 
-* inputs are ``torch.Tensor`` s (numpy arrays and lists get a ``TypeError`` saying ``torch.as_tensor``), floating
-  point, in the dtype of the module's parameters (a mismatch gets a ``TypeError`` naming ``.to(dtype)``), finite;
+* data (``X``, ``y``) go through :mod:`pyro_sparsegp.inputs` (tensors, numpy, lists, pandas; cast to the module's
+  dtype and device) and must be finite; inducing inputs ``Z`` are converted the same way at construction, and a
+  tensor ``Z`` must be in the default dtype (a mismatch gets a ``TypeError`` naming ``.to(dtype)``);
 * inducing inputs are non-empty (``M >= 1``, ``D >= 1``); ``num_outputs`` is ``None`` or a positive integer;
   ``jitter`` is ``None`` or a finite number ``>= 0``;
 * a kernel whose ``active_dims`` select features needs at least as many features as its largest index; a kernel on
@@ -22,6 +23,7 @@ import numbers
 import torch
 
 from . import deferred
+from .inputs import as_tensor
 from .kernels import expected_input_dim, required_features
 from .linalg import _RESET_HOOKS, _warn_once
 
@@ -170,18 +172,18 @@ def check_orthogonal_inputs(O, Z) -> None:
         raise ValueError(f"O must hold at least one orthogonal inducing input, got shape {tuple(O.shape)}")
 
 
-def check_data(module, X, y, subsample_size=None, num_data=None, purpose="model") -> None:
+def check_data(module, X, y, subsample_size=None, num_data=None, purpose="model"):
     """Data given to ``model``/``guide`` (``purpose="model"``), ``analytic_elbo`` (``"elbo"``: ``y`` required) or
-    ``predict`` (``"predict"``: no rows is fine): types, dtype, rows, minibatch arguments. ``X`` ``[..., N, D]``,
-    ``y`` ``[..., N]`` (or ``[..., N, L]``); the layer checks the exact shapes against its ``D`` and ``L``."""
-    dtype = module.inducing.dtype
-    check_tensor(X, "X", dtype)
+    ``predict`` (``"predict"``: no rows is fine), converted by :func:`~pyro_sparsegp.inputs.as_tensor` (tensors,
+    numpy, lists, pandas; floating data to the module's dtype and device, labels kept integer) and checked: rows,
+    minibatch arguments. ``X`` ``[..., N, D]``, ``y`` ``[..., N]`` (or ``[..., N, L]``); returns ``(X, y)``. The layer
+    checks the exact shapes against its ``D`` and ``L``."""
+    dtype, device = module.inducing.dtype, module.inducing.device
+    X = as_tensor(X, "X", dtype, device)
     if y is None and purpose == "elbo":
         raise ValueError("the bound needs the observations: pass y (analytic_elbo(X, y))")
     if y is not None:
-        check_tensor(y, "y", floating=False)
-        if y.is_complex():
-            raise TypeError(f"y must be real, got dtype {y.dtype}")
+        y = as_tensor(y, "y", dtype, device, floating=False)
     if purpose != "predict" and X.dim() >= 2 and X.shape[-2] == 0:
         raise ValueError(f"X has no rows (shape {tuple(X.shape)}); give at least one data point")
     N = X.shape[-2] if X.dim() >= 2 else None
@@ -194,6 +196,7 @@ def check_data(module, X, y, subsample_size=None, num_data=None, purpose="model"
         if N is not None and num_data < N:
             raise ValueError(f"num_data={num_data} is smaller than the {N} points given; num_data is the data set size")
     check_precision(X, "X")
+    return X, y
 
 
 def check_predict(module, full: bool, batch_size) -> int:

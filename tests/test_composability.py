@@ -314,17 +314,7 @@ def test_robust_max_default_integrates_f_and_trains():
         ps.SVGP(RBF(2), X[:6].clone(), ps.RobustMax(3), num_outputs=3, integrate_f=False)
 
 
-# -- 6: Pyro's global parameter store -----------------------------------------------------------------------------
-def test_second_model_of_the_same_name_trains_its_own_parameters():
-    with pyro.settings.context(module_local_params=False):
-        X, y = torch.randn(30, 3), torch.randn(30)
-        gp1 = ps.SVGP(RBF(3), torch.randn(10, 3), ps.Gaussian())
-        SVI(gp1.model, gp1.guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO()).step(X, y)
-        assert "gp.inducing.Z" in pyro.get_param_store()
-        with pytest.warns(ps.layers.ParamStoreWarning, match="'gp'"):
-            gp2 = ps.SVGP(RBF(3), torch.randn(20, 3), ps.Gaussian())
-        SVI(gp2.model, gp2.guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO()).step(X, y)
-        assert gp2.Z.shape == (20, 3) and pyro.get_param_store()["gp.inducing.Z"].shape == (20, 3)
+# -- 6: Pyro's global parameter store: tests/test_naming.py ------------------------------------------------------
 
 
 # -- 7: prediction --------------------------------------------------------------------------------------------------

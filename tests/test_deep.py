@@ -285,10 +285,10 @@ def test_multi_output_gaussian_and_errors():
     dgp = build_deep_gp(X, [3], ps.Gaussian(0.2), num_outputs=2, num_inducing=4)
     assert dgp.predict(X, 5)[0].shape == (5, 12, 2)
     assert dgp.predictive_log_prob(X, Y, 5).shape == (12,)
-    with pytest.raises(ValueError, match="y must have shape"):
+    with pytest.raises(ValueError, match=r"y must be \[N, L\] = \[12, 2\]"):
         dgp.analytic_elbo(X, y)
     with pytest.raises(ValueError, match="distinct"):
-        DeepGP([ps.SVGP(RBF(2), X[:3], num_outputs=2), ps.SVGP(RBF(2), X[:3], ps.Gaussian())])
+        DeepGP([ps.SVGP(RBF(2), X[:3], num_outputs=2, name="a"), ps.SVGP(RBF(2), X[:3], ps.Gaussian(), name="a")])
     with pytest.raises(ValueError, match="takes 2 features"):
         DeepGP([ps.SVGP(RBF(2), X[:3], num_outputs=3, name="a"), ps.SVGP(RBF(2), X[:3], ps.Gaussian(), name="b")])
     with pytest.raises(ValueError, match="needs num_outputs"):
@@ -363,3 +363,26 @@ def test_deep_solvegp_natural_gradients_train_the_last_layers_q_u_and_q_v():
     torch.testing.assert_close(gp.q_v.u_loc.detach(), m, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close((gp.q_v.u_scale_tril @ gp.q_v.u_scale_tril.mT).detach(), L @ L.mT, rtol=1e-5,
                                atol=1e-6)
+
+
+def test_predictive_log_prob_reports_its_monte_carlo_error():
+    """The standard error of ``predictive_log_prob`` (delta method) matches the spread of the estimate over
+    independent repetitions, and shrinks as 1/sqrt(S)."""
+    from pyro_sparsegp.deep import build_deep_gp
+
+    X = torch.linspace(-1, 1, 30)[:, None]
+    y = torch.where(X[:, 0] > 0, 1.0, -1.0)
+    # hidden q(u) at the prior: far from deterministic, a wide mixture
+    m = build_deep_gp(X, [1], ps.Gaussian(0.1), num_inducing=6, lengthscale=0.5, init="random", hidden_scale=1.0)
+    with torch.no_grad():  # an output layer that depends on its input
+        q = m.last.q_u
+        q.set(2 * torch.randn_like(q.u_loc), 0.1 * torch.eye(q.u_loc.shape[-1]).expand_as(q.u_scale_tril))
+    S = 50
+    reps = torch.stack([m.predictive_log_prob(X, y, S) for _ in range(200)])  # [200, N]
+    _, se = m.predictive_log_prob(X, y, S, return_se=True)
+    spread = reps.std(0)
+    ok = spread > 1e-6
+    ratio = (se[ok] / spread[ok]).median()
+    assert 0.5 < ratio < 2.0, ratio
+    _, se_big = m.predictive_log_prob(X, y, 20 * S, return_se=True)
+    assert 0.1 < (se_big[ok] / se[ok]).median() < 0.4  # 1 / sqrt(20) = 0.22

@@ -1,6 +1,8 @@
 """Bad input gets a clear error, never a silent NaN; a nearly singular Kuu succeeds through documented jitter
 escalation that warns."""
 
+import warnings
+
 import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
@@ -41,14 +43,14 @@ def test_bernoulli_labels_outside_zero_one_are_refused():
 
 def test_mismatched_shapes_are_refused():
     gp = _gp()
-    with pytest.raises(ValueError, match="y must have shape"):
+    with pytest.raises(ValueError, match=r"y must be \[N\] = \[10\].*got shape \(9,\)"):
         _loss(gp, torch.randn(10, 2), torch.randn(9))
     with pytest.raises(ValueError, match="X must be"):
         _loss(gp, torch.randn(10, 3), torch.randn(10))
     with pytest.raises(ValueError, match="X must be"):
         gp.predict(torch.randn(10))
     gp3 = ps.SVGP(RBF(2), torch.randn(4, 2), ps.Gaussian(), num_outputs=3)
-    with pytest.raises(ValueError, match="y must have shape"):
+    with pytest.raises(ValueError, match=r"y must be \[N, L\] = \[10, 3\]"):
         _loss(gp3, torch.randn(10, 2), torch.randn(10))
 
 
@@ -78,12 +80,22 @@ def test_duplicate_inducing_points_in_float32_escalate_jitter_with_a_warning():
         with pytest.warns(CholeskyJitterWarning, match="succeeded with relative jitter"):
             L = cholesky(K, jitter=1e-9)
     assert torch.isfinite(L).all()
-    gp = ps.SVGP(kernel, Z, ps.Gaussian(), jitter=1e-9)
     X, y = torch.randn(8, 2), torch.randn(8)
+    # unwhitened, Kuu^{-1} enters the bound: the ill-conditioning advice is true and fires
+    gp = ps.SVGP(kernel, Z, ps.Gaussian(), jitter=1e-9, whiten=False)
     reset_warnings()
-    with pytest.warns(IllConditionedWarning), pytest.warns(CholeskyJitterWarning):
+    with pytest.warns(IllConditionedWarning, match="whiten=True"), pytest.warns(CholeskyJitterWarning):
         loss = _loss(gp, X, y)
     assert torch.isfinite(torch.tensor(loss))
+    # whitened (the default) never inverts Kuu: only the jitter it needed is reported
+    gp = ps.SVGP(kernel, Z, ps.Gaussian(), jitter=1e-9)
+    reset_warnings()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loss = _loss(gp, X, y)
+    assert torch.isfinite(torch.tensor(loss))
+    kinds = {type(w.message) for w in seen}
+    assert CholeskyJitterWarning in kinds and IllConditionedWarning not in kinds, kinds
 
 
 def test_hopeless_matrix_raises_linalg_error_naming_the_jitter():

@@ -58,7 +58,7 @@ def test_other_numbers_are_checked(name, value):
 
 def test_data_is_converted_or_refused():
     X, y = _data()
-    _refuses("X must be a torch.Tensor, a numpy array or a list", TypeError, X="not data")
+    _refuses("X must be a torch.Tensor, a numpy array, a list of numbers or a pandas", TypeError, X="not data")
     _refuses("X must hold numbers", TypeError, X=np.array([["a"], ["b"]], dtype=object))
     _refuses("X must be \\[N, D\\]", X=X[:, 0])
     _refuses("different numbers of rows", y=y[:-1])

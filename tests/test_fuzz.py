@@ -111,7 +111,7 @@ def constructor_case(z, num_outputs, jitter, whiten, lik):
     def check(gp):
         m, v = gp.predict(torch.randn(7, gp.Z.shape[-1]))
         L = gp.num_outputs
-        shape = (7,) if L is None else (L, 7)
+        shape = (7,) if L is None else (7, L)  # predict returns [N, L]
         if m.shape != shape or v.shape != shape:
             raise Wrong(f"predict shapes {tuple(m.shape)}, {tuple(v.shape)}, expected {shape}")
         _finite(m, v)

@@ -10,12 +10,12 @@ from pyro.contrib.gp.kernels import RBF, Matern52
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroSample
+from test_conv import assert_trace_elbo_matches_closed_form
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.bounds import svgp as B
 from pyro_sparsegp.inducing import Kff_diag, Kuf, Kuu
 from pyro_sparsegp.infer import fit
-from test_conv import assert_trace_elbo_matches_closed_form
 
 H, W, C = 5, 4, 1
 D = H * W * C
@@ -184,8 +184,9 @@ def test_sum_errors_are_loud():
         ps.SVGP(ps.SumKernel(conv, RBF(D), Matern52(D)), ind)
     with pytest.raises(ValueError, match="convolutional kernel"):  # parts in the wrong order
         ps.SVGP(ps.SumKernel(RBF(D), conv), ind)
-    with pytest.raises(ValueError, match="num_outputs"):
-        ps.SVGP(k, _inducing(k, L=3), ps.RobustMax(3))
+    assert ps.SVGP(k, _inducing(k, L=3), ps.RobustMax(3)).num_outputs == 3  # K classes: K latent outputs
+    with pytest.raises(ValueError, match="num_outputs = 3"):
+        ps.SVGP(k, _inducing(k, L=3), ps.RobustMax(3), num_outputs=2)
     gp = ps.SVGP(k, ind)
     with pytest.raises(TypeError, match="parts"):
         gp.Z

@@ -383,11 +383,9 @@ def fit_ep(
     if method not in ("ep", "sep"):
         raise ValueError(f"method must be 'ep' or 'sep', got {method!r}")
     K = _check_module(module)
-    if X.dim() != 2 or X.shape[-1] != module.Z.shape[-1]:
-        raise ValueError(f"X must be [N, D] with D = {module.Z.shape[-1]}, got {tuple(X.shape)}")
-    if y.shape != X.shape[:1]:
-        raise ValueError(f"y must be [N] = [{X.shape[0]}], got {tuple(y.shape)}")
-    module.likelihood.check_y(y)
+    X, y = module.check_inputs(X, y)  # tensors, numpy, lists, pandas; y [N] (or [N, 1]) labels
+    if X.dim() != 2:
+        raise ValueError(f"X must be [N, D], got shape {tuple(X.shape)}")
     if not 0.0 < damping <= 1.0:
         raise ValueError(f"damping must be in (0, 1], got {damping}")
     y = y.long()

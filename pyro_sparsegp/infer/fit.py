@@ -34,10 +34,11 @@ import pyro
 import torch
 from pyro.infer import TraceMeanField_ELBO
 from torch.utils.data import DataLoader, Sampler
-from tqdm.auto import tqdm
 
 from ..deferred import DeferredChecks, deferred_checks
+from ..inputs import as_tensor
 from ..linalg import CholeskyJitterWarning, _warn_once
+from ..naming import check_not_superseded
 from .natgrad import (
     clear_natgrad_probes,
     natgrad_families,
@@ -48,6 +49,7 @@ from .natgrad import (
     set_natgrad_probes,
     solvegp_joint_natgrad_from_grads_,
 )
+from .progress import Progress
 
 __all__ = ["fit", "FitState", "NonFiniteLossError", "save_checkpoint", "load_checkpoint", "EpochBatchSampler"]
 
@@ -246,25 +248,6 @@ def _positive(name, v, allow_none=False, high=None):
     return float(v)
 
 
-def _as_tensor(name, a, dtype, device):
-    """``a`` (tensor, numpy array, list) as a tensor on ``device``; floating data in ``dtype``, integers kept."""
-    if isinstance(a, torch.Tensor):
-        t = a
-    elif isinstance(a, (np.ndarray, list, tuple)):
-        arr = np.asarray(a)
-        if arr.dtype.kind not in "biuf":
-            raise TypeError(f"{name} must hold numbers; got a {type(a).__name__} of dtype {arr.dtype}")
-        t = torch.from_numpy(np.ascontiguousarray(arr))
-    else:
-        raise TypeError(
-            f"{name} must be a torch.Tensor, a numpy array or a list of numbers, got {type(a).__name__} "
-            "(a DataFrame: pass df.to_numpy(); data on disk: pass dataset=MemmapDataset(...))"
-        )
-    if t.dtype == torch.bool:
-        t = t.to(dtype)
-    return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
-
-
 def _default_elbo(module):
     if hasattr(module, "analytic_elbo") and getattr(module, "likelihood", None) is not None:
         return "analytic"
@@ -391,8 +374,18 @@ def fit(
         average of the minibatch estimates of its optimum given q(f)), and Adam trains only the other parameters.
         ``0.1`` is a good start: on UCI protein, keggundirected and tamielectric (M = 256, 1024) it was ahead of
         Adam and of GPyTorch at every epoch (``benchmarks/time_to_accuracy.py``).
+        ``None`` trains q(u) with Adam like every other parameter. The two differ a lot (natural gradients reach the
+        optimum of q(u) in a few steps with a Gaussian likelihood), so ``"auto"`` is not the same as ``None``: pass
+        a number to turn natural gradients on for non-conjugate likelihoods, ``None`` to turn them off.
     :param elbo: ``"analytic"`` (the closed-form bound ``module.analytic_elbo``: no sampling at all; the default for
         modules that have it and a likelihood) or a Pyro ELBO (default for other modules: ``TraceMeanField_ELBO()``).
+        The closed form integrates ``f`` exactly (in closed form or by Gauss-Hermite quadrature), so a module's
+        ``integrate_f`` flag, which chooses between sampling ``f`` and integrating it in ``model``/``guide``, changes
+        nothing here; it matters when you pass a Pyro ELBO (or train the model/guide with ``SVI`` yourself).
+    :param bool progress: show progress on ``stderr`` (rank 0 only): a bar on a terminal (or a notebook with
+        ``ipywidgets``), else (a redirected log, CI) a plain line every 5 % of the steps or every 30 s with the
+        step, the running ELBO estimate and the steps per second (:mod:`pyro_sparsegp.infer.progress`). Warnings
+        raised during the run are written above the bar, never inside it.
     :param int seed: seeds the minibatch order (and Pyro's RNG at the start of a fresh run).
     :param checkpoint: path written every ``checkpoint_every`` steps and at the end (its folder must exist).
     :param resume: path of a checkpoint to continue from (same module, batch size, data size and seed).
@@ -437,18 +430,21 @@ def fit(
     sources = sum(s is not None for s in (X, dataset, loader))
     if sources != 1:
         raise ValueError("fit needs exactly one data source: X and y, dataset=..., or loader=...")
+    check_not_superseded(module)
     ref = next(module.parameters())
     device, dtype = ref.device, ref.dtype
     if X is not None:
         if y is None:
             raise ValueError("fit needs y with X")
-        X, y = _as_tensor("X", X, dtype, device), _as_tensor("y", y, dtype, device)
+        X, y = as_tensor(X, "X", dtype, device), as_tensor(y, "y", dtype, device, floating=False)
         if X.dim() != 2:
             raise ValueError(f"X must be [N, D], got shape {tuple(X.shape)}")
         if X.shape[0] != y.shape[0]:
-            raise ValueError(f"X and y have different numbers of rows: {X.shape[0]} and {y.shape[0]}")
+            raise ValueError(f"X and y have different numbers of rows: N = {X.shape[0]} and {y.shape[0]}")
         if X.shape[0] == 0:
             raise ValueError("X and y are empty")
+        if hasattr(module, "check_inputs"):  # the module's own layout and checks, once, naming N (not a minibatch)
+            X, y = module.check_inputs(X, y)
         for name, t in (("X", X), ("y", y)):
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise ValueError(f"{name} contains NaN or inf")
@@ -540,7 +536,7 @@ def fit(
     # -- loop -------------------------------------------------------------------------------------------------------
     sync_every = (20 if device.type != "cpu" else 1) if sync_every is None else _int("sync_every", sync_every, 1)
     show = progress and rank == 0
-    bar = tqdm(total=num_steps, initial=state.step, disable=not show, desc="fit", dynamic_ncols=True)
+    bar = Progress(num_steps, state.step, enabled=show, desc="fit")
     running = None
     snaps = _Snapshots(module)
     window_start = state.step
@@ -573,8 +569,7 @@ def fit(
         if show:
             for row in vals:
                 running = row[0] if running is None else 0.95 * running + 0.05 * row[0]
-            bar.update(len(vals))
-            bar.set_postfix(elbo=f"{-running:.4g}", refresh=False)
+            bar.update(len(vals), -running)
         return None
 
     def fail(step_bad, value, good, exc=None, reason=""):

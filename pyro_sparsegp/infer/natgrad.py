@@ -78,7 +78,7 @@ def check_natgrad_lr(lr) -> float:
 
 
 def _check_step_data(svgp, X, y):
-    svgp._check_data(X, y)
+    X, y = svgp.check_inputs(X, y)
     if svgp.likelihood is None:
         raise ValueError("natural-gradient steps need a module with a likelihood")
 

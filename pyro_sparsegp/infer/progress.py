@@ -1,0 +1,112 @@
+"""Training progress that suits where it is written to.
+
+* A terminal (``stderr`` is a TTY): a ``tqdm`` bar with the running ELBO estimate, redrawn in place.
+* A Jupyter notebook with ``ipywidgets``: tqdm's notebook widget.
+* Anything else (a redirected log file, a pipe, CI, a notebook without widgets): plain lines, one every
+  ``every`` of the run (5 %) or every ``seconds`` (30 s), whichever comes first, plus the last step, e.g.
+  ``fit: step 150/3000 (5%)  elbo -1.234e+03  95.2 steps/s  1.6 s``. No carriage returns: 3,000 steps write 21 lines.
+
+While a bar is shown, Python warnings are written through ``tqdm.write`` (above the bar, on their own lines), so a
+warning never lands inside the bar.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+
+__all__ = ["Progress"]
+
+
+def _in_notebook_with_widgets() -> bool:
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Progress:
+    """Progress of a run of ``total`` steps starting at ``initial``; ``enabled=False`` writes nothing.
+
+    :param str mode: ``"auto"`` (bar on a TTY or a notebook with widgets, else lines), ``"bar"`` or ``"lines"``.
+    :param file: the stream (default ``sys.stderr`` at the time of the call).
+    :param float every: fraction of the run between two lines (line mode).
+    :param float seconds: the most seconds between two lines (line mode).
+    """
+
+    def __init__(self, total: int, initial: int = 0, enabled: bool = True, desc: str = "fit", mode: str = "auto",
+                 file=None, every: float = 0.05, seconds: float = 30.0):
+        if mode not in ("auto", "bar", "lines"):
+            raise ValueError(f"mode must be 'auto', 'bar' or 'lines', got {mode!r}")
+        self.total, self.step, self.desc, self.enabled = int(total), int(initial), desc, bool(enabled)
+        self.file = sys.stderr if file is None else file
+        self.every = max(1, int(round(every * max(self.total, 1))))
+        self.seconds = float(seconds)
+        self._bar, self._old_showwarning = None, None
+        self._start = self._last_time = time.perf_counter()
+        self._start_step = self._last_step = self.step
+        self._elbo = None
+        if not self.enabled:
+            return
+        if mode == "auto":
+            tty = bool(getattr(self.file, "isatty", lambda: False)())
+            mode = "bar" if tty or _in_notebook_with_widgets() else "lines"
+        if mode == "bar":
+            self._open_bar()
+
+    def _open_bar(self):
+        if _in_notebook_with_widgets() and self.file is sys.stderr:
+            from tqdm.notebook import tqdm
+        else:
+            from tqdm import tqdm
+        self._bar = tqdm(total=self.total, initial=self.step, desc=self.desc, file=self.file, dynamic_ncols=True)
+        self._old_showwarning = warnings.showwarning
+        bar_cls, stream = type(self._bar), self.file
+
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            text = warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n")
+            bar_cls.write(text, file=stream)
+
+        warnings.showwarning = showwarning
+
+    def update(self, n: int, elbo: float | None = None) -> None:
+        """``n`` more steps are done; ``elbo``: the running ELBO estimate to show."""
+        if not self.enabled:
+            return
+        self.step += n
+        self._elbo = elbo if elbo is not None else self._elbo
+        if self._bar is not None:
+            self._bar.update(n)
+            if elbo is not None:
+                self._bar.set_postfix(elbo=f"{elbo:.4g}", refresh=False)
+            return
+        now = time.perf_counter()
+        due = self.step // self.every > self._last_step // self.every or now - self._last_time >= self.seconds
+        if due or self.step >= self.total:
+            self._line(now)
+
+    def _line(self, now: float) -> None:
+        elapsed = now - self._start
+        rate = (self.step - self._start_step) / elapsed if elapsed > 0 else float("nan")
+        pct = 100.0 * self.step / self.total if self.total else 100.0
+        elbo = "" if self._elbo is None else f"  elbo {self._elbo:.4g}"
+        print(f"{self.desc}: step {self.step}/{self.total} ({pct:.0f}%){elbo}  {rate:.1f} steps/s  {elapsed:.1f} s",
+              file=self.file, flush=True)
+        self._last_time, self._last_step = now, self.step
+
+    def close(self) -> None:
+        """Close the bar (and give ``warnings.showwarning`` back); in line mode, write the last line if it is not
+        written yet."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._old_showwarning is not None:
+            warnings.showwarning = self._old_showwarning
+            self._old_showwarning = None
+        elif self.enabled and self._last_step != self.step:
+            self._line(time.perf_counter())
+        self.enabled = False

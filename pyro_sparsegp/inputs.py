@@ -1,0 +1,115 @@
+"""The one input-conversion path of the package: every public entry point (``fit``, ``predict``, ``model``/``guide``,
+``analytic_elbo``, ``fit_ep``, the deep and convolutional modules, the inducing inputs of a constructor) turns what
+the user gave into tensors here, so the same inputs work everywhere and fail with the same words.
+
+Accepted: ``torch.Tensor``, numpy arrays, (nested) lists and tuples of numbers, and anything with ``to_numpy()``
+(a pandas ``DataFrame`` or ``Series``). Floating (and boolean) data are cast to the module's dtype and device;
+integer labels keep their integer dtype. Errors name the sizes as the user knows them: ``N`` rows of ``X``, ``D``
+features, ``M`` inducing inputs, ``L`` outputs, ``K`` classes.
+
+A cast to a lower precision (float64 data into a float32 model) warns with
+:class:`~pyro_sparsegp.validation.InputPrecisionWarning` when it keeps less than half of the significant digits
+that the data carried relative to their spread: float32 Unix seconds (offset 1.7e9, spacing 128 s) lose everything
+within a day, while standardised data lose nothing that float32 could hold.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .linalg import _warn_once
+
+__all__ = ["as_tensor", "as_targets", "digits_kept"]
+
+
+def _type_name(x) -> str:
+    return f"{type(x).__module__}.{type(x).__name__}"
+
+
+def digits_kept(x: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
+    """Significant digits of ``x`` ``[..., N, D]`` relative to each column's spread, ``(before, after)`` a cast to
+    ``dtype`` (the worst column): ``log10(spread / (eps * |x|max))`` with the source and the target ``eps``; the
+    ``before`` value is capped at what ``dtype`` can hold at all (``-log10(eps_target)``). Columns of constants do
+    not count; ``(inf, inf)`` when no column varies."""
+    if x.numel() == 0 or not x.is_floating_point():
+        return math.inf, math.inf
+    flat = x.detach().reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.detach().reshape(-1, 1)
+    lo, hi = torch.aminmax(flat.double(), dim=0)
+    spread, mag = hi - lo, torch.maximum(lo.abs(), hi.abs())
+    keep = spread > 0
+    if not bool(keep.any()):
+        return math.inf, math.inf
+    ratio = float((mag[keep] / spread[keep]).max())  # the column whose offset dwarfs its spread most
+    eps_src, eps_dst = torch.finfo(x.dtype).eps, torch.finfo(dtype).eps
+    cap = -math.log10(eps_dst)
+    before = min(cap, -math.log10(eps_src * max(ratio, 1e-300)))
+    after = -math.log10(eps_dst * max(ratio, 1e-300))
+    return before, after
+
+
+def _warn_cast(t: torch.Tensor, name: str, dtype: torch.dtype) -> None:
+    """Warn once per (name, dtypes) when casting ``t`` to ``dtype`` keeps less than half its significant digits."""
+    from .validation import InputPrecisionWarning
+
+    if torch.finfo(dtype).eps <= torch.finfo(t.dtype).eps:
+        return
+    before, after = digits_kept(t, dtype)
+    if after < before / 2:
+        _warn_once(
+            ("cast", name, t.dtype, dtype),
+            f"{name} ({t.dtype}) is cast to the module's {dtype}, which keeps {max(after, 0):.1f} of its "
+            f"{before:.1f} significant digits (relative to its spread): its offset dwarfs its spread. Standardise "
+            f"{name} in {t.dtype} first (subtract the mean, divide by the standard deviation) or build the module in "
+            f"{t.dtype}.",
+            InputPrecisionWarning,
+            stacklevel=4,
+        )
+
+
+def as_tensor(x, name: str, dtype: torch.dtype | None = None, device=None, floating: bool = True) -> torch.Tensor:
+    """``x`` as a tensor on ``device`` (default: where it is, or the CPU): floating and boolean data in ``dtype``
+    (default: the default dtype); integer data too if ``floating``, else kept as integers (labels). Same shape as
+    ``x``. Raises ``TypeError`` naming what was given and how to convert it."""
+    if not isinstance(x, torch.Tensor):
+        if hasattr(x, "to_numpy") and not isinstance(x, np.ndarray):  # pandas DataFrame / Series
+            x = x.to_numpy()
+        if isinstance(x, (np.ndarray, list, tuple, int, float, np.number)):
+            arr = np.asarray(x)
+            if arr.dtype.kind not in "biuf":
+                raise TypeError(f"{name} must hold numbers; got a {type(x).__name__} of dtype {arr.dtype}")
+            x = torch.from_numpy(np.ascontiguousarray(arr))
+        else:
+            raise TypeError(
+                f"{name} must be a torch.Tensor, a numpy array, a list of numbers or a pandas DataFrame/Series, got "
+                f"{_type_name(x)} (data on disk: fit(..., dataset=MemmapDataset(...)))"
+            )
+    if x.is_complex():
+        raise TypeError(f"{name} must be real, got dtype {x.dtype}")
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    target = dtype if (x.is_floating_point() or x.dtype == torch.bool or floating) else x.dtype
+    if x.is_floating_point() and target != x.dtype:
+        _warn_cast(x, name, target)
+    if target == x.dtype and (device is None or x.device == torch.device(device)):
+        return x
+    return x.to(device=device if device is not None else x.device, dtype=target)
+
+
+def as_targets(y: torch.Tensor, N: int, num_outputs: int | None, per_output: bool) -> torch.Tensor:
+    """``y`` in the layout a layer takes: ``[..., N]`` for one output or one label per row (``per_output`` False),
+    ``[..., N, L]`` for ``L = num_outputs`` element-wise outputs. A single output given as ``[N, 1]`` (the GPflow
+    and scikit-learn column habit) becomes ``[N]``. Raises ``ValueError`` naming ``N`` and ``L``."""
+    want_cols = num_outputs if per_output else None
+    if want_cols is None and y.dim() >= 2 and y.shape[-2:] == (N, 1):
+        y = y[..., 0]
+    if want_cols is None:
+        if y.dim() >= 1 and y.shape[-1] == N:
+            return y
+        what = "one value per row of X" if not (num_outputs and not per_output) else "one class label per row of X"
+        raise ValueError(f"y must be [N] = [{N}] ({what}; [N, 1] is accepted too), got shape {tuple(y.shape)}")
+    if y.dim() >= 2 and y.shape[-2:] == (N, want_cols):
+        return y
+    raise ValueError(f"y must be [N, L] = [{N}, {want_cols}] (N rows of X, L = num_outputs = {want_cols} outputs), "
+                     f"got shape {tuple(y.shape)}")

@@ -1,0 +1,93 @@
+"""Module names: unique by default, and never two live modules reading one set of parameters.
+
+A module's ``name`` prefixes its sample sites (``gp.u``, ``gp.f``) and, under Pyro's global parameter store (Pyro's
+default, ``module_local_params=False``), its parameters (``gp.inducing.Z``, ...). Two live modules with the same
+name would share those parameters: training the second would silently move the first one's predictions. So:
+
+* ``name=None`` (the default of every layer and model) takes the class's base name (``"gp"``, ``"dgp"``,
+  ``"conv"``) if no live module holds it, else the first free ``"<base>_2"``, ``"<base>_3"``, ... A script with one
+  model keeps the familiar ``gp.*`` sites; a second model beside it gets its own.
+* An explicit name that a live module already holds (a notebook cell run twice, ``name="h"`` given twice) is the
+  user's choice: under the global store the new module takes the name, the earlier module's entries are dropped with
+  a :class:`ParamStoreWarning`, and the earlier module raises a ``RuntimeError`` at its next use instead of reading
+  the newer module's values. With ``module_local_params=True`` parameters are never shared and nothing happens.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+import weakref
+
+import pyro
+
+__all__ = ["ParamStoreWarning", "unique_name", "register_name", "claim_name", "check_not_superseded"]
+
+_LIVE: dict[str, weakref.ref] = {}  # name -> the live module that holds it
+
+
+class ParamStoreWarning(UserWarning):
+    """A module took over a name (and Pyro's global parameter store entries) of an earlier, still live module
+    (see :mod:`pyro_sparsegp.naming`). A warning: implements no paper equation."""
+
+
+def _holder(name: str):
+    ref = _LIVE.get(name)
+    return None if ref is None else ref()
+
+
+def unique_name(base: str) -> str:
+    """``base`` if no live module holds it, else ``base_2``, ``base_3``, ... (the first free one). Modules that are
+    only waiting for the garbage collector do not count (one ``gc.collect()`` before a suffix is given)."""
+    if _holder(base) is not None:
+        gc.collect()
+    if _holder(base) is None:
+        return base
+    k = 2
+    while _holder(f"{base}_{k}") is not None:
+        k += 1
+    return f"{base}_{k}"
+
+
+def register_name(module, name: str) -> None:
+    """Record that ``module`` holds ``name`` (for :func:`unique_name`) without touching Pyro's parameter store: for
+    modules whose name prefixes only a plate or sites, not parameters (a ``DeepGP``)."""
+    _LIVE[name] = weakref.ref(module)
+
+
+def claim_name(module, name: str) -> None:
+    """Record that ``module`` holds ``name``. Under Pyro's global parameter store, a live earlier holder is marked
+    superseded (it raises at its next use) and the store's ``<name>.*`` entries are dropped, with a warning; entries
+    left by a module that no longer exists are dropped silently (they would be adopted, even with another shape)."""
+    old = _holder(name)
+    if old is not None and old is not module:
+        gc.collect()
+        old = _holder(name)
+    _LIVE[name] = weakref.ref(module)
+    if pyro.settings.get("module_local_params"):
+        return
+    store = pyro.get_param_store()
+    stale = [k for k in list(store.keys()) if k.startswith(name + ".")]
+    if old is not None and old is not module:
+        old.__dict__["_psgp_superseded"] = name
+        warnings.warn(
+            f"a module named {name!r} already exists and shares Pyro's global parameter store; this new module takes "
+            f"the name, and the earlier one will raise if used again (it would otherwise read this module's "
+            "parameters). Leave name=None for a unique name, or use pyro.settings.set(module_local_params=True).",
+            ParamStoreWarning,
+            stacklevel=4,
+        )
+    for k in stale:
+        del store[k]
+
+
+def check_not_superseded(module) -> None:
+    """Raise ``RuntimeError`` if a newer module took over ``module``'s name in Pyro's global parameter store."""
+    name = module.__dict__.get("_psgp_superseded")
+    if name is not None:
+        raise RuntimeError(
+            f"this {type(module).__name__} was named {name!r}, and a newer module of that name has taken over its "
+            "entries in Pyro's global parameter store; using it would read the newer module's parameters. Rebuild "
+            "it, give the modules distinct names (name=None gives unique ones), or use "
+            "pyro.settings.set(module_local_params=True)."
+        )

@@ -1,0 +1,73 @@
+"""Progress output (issue 27): a bar on a terminal; in a redirected stream, one plain line every 5 % of the run (or
+every 30 s) with the step, the ELBO and the steps per second, never a carriage return; a warning raised while a bar
+is shown lands on its own line above the bar, and Python's warning display is given back afterwards."""
+
+import io
+import sys
+import warnings
+
+import pytest
+import torch
+from pyro.contrib.gp.kernels import RBF
+
+import pyro_sparsegp as ps
+from pyro_sparsegp.infer.progress import Progress
+
+
+def _fit_into(stream, monkeypatch, steps):
+    X = torch.randn(200, 2)
+    y = torch.sin(X[:, 0])
+    gp = ps.SVGP(RBF(2), X[:8].clone(), ps.Gaussian(0.1))
+    monkeypatch.setattr(sys, "stderr", stream)
+    ps.infer.fit(gp, X, y, num_steps=steps, batch_size=50)
+    monkeypatch.undo()
+    return stream.getvalue()
+
+
+def test_redirected_fit_writes_a_line_every_five_percent(monkeypatch):
+    out = _fit_into(io.StringIO(), monkeypatch, 400)
+    assert "\r" not in out
+    lines = out.strip().splitlines()
+    assert 20 <= len(lines) <= 21, lines  # 5 %, 10 %, ..., 100 % (a 30 s line at most once more)
+    assert lines[-1].startswith("fit: step 400/400 (100%)") and "elbo" in lines[-1] and "steps/s" in lines[-1]
+    assert lines[0].startswith("fit: step 20/400 (5%)")
+
+
+def test_line_mode_writes_after_the_time_limit_too():
+    buf = io.StringIO()
+    p = Progress(1000, file=buf, mode="lines", seconds=0.0)
+    for _ in range(3):
+        p.update(1, elbo=-1.0)
+    p.close()
+    assert len(buf.getvalue().splitlines()) == 3  # each update was "30 s" late; close adds nothing new
+
+
+def test_disabled_progress_writes_nothing(monkeypatch):
+    buf = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", buf)
+    X = torch.randn(50, 2)
+    ps.infer.fit(ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(0.1)), X, X[:, 0], num_steps=5, progress=False)
+    monkeypatch.undo()
+    assert buf.getvalue() == ""
+
+
+@pytest.mark.filterwarnings("default::UserWarning")
+def test_a_warning_lands_above_the_bar_not_inside_it():
+    buf = io.StringIO()
+    shown = warnings.showwarning
+    p = Progress(10, file=buf, mode="bar")
+    p.update(3, elbo=-2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("jitter raised", UserWarning, stacklevel=1)
+    p.update(7, elbo=-1.0)
+    p.close()
+    assert warnings.showwarning is shown
+    text = buf.getvalue()
+    line = next(seg for seg in text.replace("\r", "\n").splitlines() if "jitter raised" in seg)
+    assert "UserWarning: jitter raised" in line and "fit:" not in line and "%|" not in line  # a line of its own
+
+
+def test_bad_mode_is_refused():
+    with pytest.raises(ValueError, match="mode must be"):
+        Progress(10, mode="fancy")
