@@ -1,0 +1,172 @@
+"""Every ```python block of README.md and docs/*.md runs, so that a snippet cannot drift from the API.
+
+How a page is run (one test per page, so a failure names the page, the block's index and its first line):
+
+* its ```python blocks are extracted in order and executed in **one namespace**, in order (later blocks use the names
+  of earlier ones), as a reader pasting them into one Python session would;
+* the namespace starts with the page's **setup** (``SETUP`` below: imports and tiny data such as ``X``, ``y``, ``Z``,
+  ``Xtest``, which many snippets use without defining). ``SETUP[page]`` maps a block index to the code run just
+  before that block: ``0`` is the page's setup, a later index re-binds small data for a block whose names the page
+  leaves to the reader;
+* the snippets keep realistic sizes in the Markdown; the test shrinks the training lengths with the substitutions
+  listed in ``SUBSTITUTIONS`` (nothing else in the code is rewritten);
+* a block that is not meant to run is ```bash (or another language), or carries an HTML comment on the line just
+  before its fence, ``<!-- snippet: skip (the reason) -->``; a page may skip at most ``MAX_SKIPPED`` blocks and each
+  skip must give its reason;
+* Pyro's settings are a newcomer's (``module_local_params`` off, so modules share Pyro's global parameter store) and
+  warnings are errors (pyproject's ``filterwarnings``): a snippet that warns fails.
+
+The working directory is a fresh temporary folder, so snippets that write files (``train.npy``, checkpoints) leave
+nothing behind. ``test_saved_module_loads_in_a_fresh_process`` checks docs/saving.md's across-process recipe.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import traceback
+from pathlib import Path
+
+import pyro
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+MAX_SKIPPED = 2
+SKIP = re.compile(r"<!--\s*snippet:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->")
+FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[^\s`]*)\s*$")
+
+# Smoke sizes: (pattern, replacement), applied to every block of every page; each is a training length only.
+SUBSTITUTIONS = [
+    (r"\bnum_steps=\d[\d_]*", "num_steps=5"),  # fit(..., num_steps=2000) -> 5 steps
+    (r"\bfor step in range\(\d[\d_]*\)", "for step in range(2)"),  # a hand-written SVI loop -> 2 steps
+]
+
+_DATA = """
+import torch
+X, y = torch.randn(300, 4), torch.randn(300)
+Xtest = torch.randn(16, 4)
+Z = X[:8].clone()
+"""
+
+# page -> {index of the block it runs before: code}. Index 0 is the page's own setup.
+SETUP = {
+    "README.md": {
+        # blocks 0 and 2+ define or re-bind their data; the "More" blocks use X, y, Z, D of the reader's problem
+        1: _DATA + "D = 4\n",
+        3: _DATA + "y01 = (y > 0).to(y.dtype)\n",
+        # 28x28 greyscale images as rows [N, 784]: inducing patches Zp [8, 25], orthogonal patches O, images Zimg
+        4: """
+import torch
+from pyro_sparsegp.conv import init_patches
+X = torch.rand(16, 784)
+Zp = init_patches(X, (28, 28, 1), 5, M=8, num_images=16, per_centre=10)
+O = init_patches(X, (28, 28, 1), 5, M=4, num_images=16, per_centre=10, seed=1)
+Zimg = X[:4].clone()
+""",
+    },
+    "docs/getting_started.md": {},
+    "docs/conventions.md": {0: "import torch\nX = torch.randn(300, 2)\ny = (X[:, 0] > 0).to(X.dtype)\n"},
+    "docs/composing.md": {0: _DATA},
+    "docs/deep_gp.md": {
+        1: "X_test, y_test = torch.randn(16, 4), torch.randn(16)\n",
+    },
+    "docs/streaming.md": {  # the page's "train.npy": 2,000 rows [x_1, ..., x_4, y]
+        0: "import torch\nfrom pyro_sparsegp.data_stream import write_npy\n"
+           "write_npy('train.npy', torch.randn(2000, 4), torch.randn(2000))\n",
+    },
+    "docs/equations.md": {},
+    "docs/tutorials.md": {},
+    "docs/index.md": {},
+    "docs/saving.md": {},
+    "docs/gpu.md": {},
+}
+
+# page -> {block index: reason}: snippets that fail (or warn) because of a library problem, for its owner to fix
+LIBRARY_FAILURES: dict[str, dict[int, str]] = {}
+
+
+def blocks(text: str):
+    """``[(index, lang, code, skip_reason, line)]`` for the fenced blocks of a Markdown page (``index`` counts the
+    ```python blocks only; other languages get ``None``)."""
+    out, lines, i, k = [], text.splitlines(), 0, 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m or not m["lang"]:
+            i += 1
+            continue
+        start, indent = i, len(m["indent"])
+        prev = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        skip = SKIP.search(prev)
+        i += 1
+        body = []
+        while i < len(lines) and not re.match(r"^ *```\s*$", lines[i]):
+            body.append(lines[i][indent:])
+            i += 1
+        i += 1
+        lang = m["lang"]
+        index = None
+        if lang == "python":
+            index, k = k, k + 1
+        out.append((index, lang, "\n".join(body) + "\n", skip["reason"].strip() if skip else None, start + 1))
+    return out
+
+
+def shrink(code: str) -> str:
+    for pattern, repl in SUBSTITUTIONS:
+        code = re.sub(pattern, repl, code)
+    return code
+
+
+def _run(code: str, filename: str, ns: dict) -> None:
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)  # tracebacks show the lines
+    exec(compile(code, filename, "exec"), ns)
+
+
+def test_every_page_is_covered():
+    assert set(SETUP) == set(PAGES), "add the new page to SETUP (an empty dict when it needs no setup)"
+    for page in PAGES:
+        assert all(isinstance(k, int) and k >= 0 for k in SETUP[page]), page
+
+
+def _params():
+    """The pages, a page with a library failure marked ``xfail(strict=True)``: it must fail until the fix."""
+    for page in PAGES:
+        reason = "; ".join(LIBRARY_FAILURES.get(page, {}).values())
+        yield pytest.param(page, marks=pytest.mark.xfail(strict=True, reason=reason)) if reason else page
+
+
+@pytest.mark.parametrize("page", list(_params()))
+def test_page_snippets_run(page, tmp_path, monkeypatch):
+    text = (ROOT / page).read_text(encoding="utf-8")
+    found = blocks(text)
+    skipped = [b for b in found if b[0] is not None and b[3] is not None]
+    assert len(skipped) <= MAX_SKIPPED, f"{page}: {len(skipped)} python blocks skipped (at most {MAX_SKIPPED})"
+    for index, lang, code, reason, line in found:
+        if reason is not None:
+            assert len(reason) >= 10, f"{page}:{line}: a skipped block needs a reason in the marker"
+    runnable = [b for b in found if b[0] is not None and b[3] is None]
+    for index in SETUP[page]:
+        assert any(b[0] == index for b in runnable), f"{page}: SETUP names block {index}, which does not run"
+
+    monkeypatch.chdir(tmp_path)
+    pyro.clear_param_store()
+    ns: dict = {"__name__": "__snippet__"}
+    with pyro.settings.context(module_local_params=False):
+        for index, lang, code, reason, line in runnable:
+            setup = SETUP[page].get(index)
+            if setup:
+                _run(textwrap.dedent(setup), f"<setup of {page} block {index}>", ns)
+            first = code.strip().splitlines()[0] if code.strip() else ""
+            error = None
+            try:
+                _run(shrink(code), f"{page}:{line} (block {index})", ns)
+            except Exception as exc:  # noqa: BLE001 - reported with the page, block and first line
+                error = "".join(traceback.format_exception(exc)[-12:])
+            if error is not None:
+                pytest.fail(f"{page}, python block {index} (line {line}: {first!r}) raised\n{error}", pytrace=False)
