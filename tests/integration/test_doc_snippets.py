@@ -41,10 +41,14 @@ MAX_SKIPPED = 2
 SKIP = re.compile(r"<!--\s*snippet:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->")
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[^\s`]*)\s*$")
 
-# Smoke sizes: (pattern, replacement), applied to every block of every page; each is a training length only.
+# Smoke sizes: (pattern, replacement), applied to every block of every page; each shortens a training run only.
 SUBSTITUTIONS = [
-    (r"\bnum_steps=\d[\d_]*", "num_steps=5"),  # fit(..., num_steps=2000) -> 5 steps
-    (r"\bfor step in range\(\d[\d_]*\)", "for step in range(2)"),  # a hand-written SVI loop -> 2 steps
+    # fit(..., num_steps=2000) -> num_steps=20: a hundredth, between 2 and 20 (700 -> 7 stays below 2000 -> 20)
+    (r"\bnum_steps=(\d[\d_]*)", lambda m: f"num_steps={min(20, max(2, int(m[1]) // 100))}"),
+    # fit(..., checkpoint_every=100) -> checkpoint_every=1: a hundredth too, at least 1
+    (r"\bcheckpoint_every=(\d[\d_]*)", lambda m: f"checkpoint_every={max(1, int(m[1]) // 100)}"),
+    # a hand-written SVI loop: for step in range(1000) -> range(2)
+    (r"\bfor step in range\(\d[\d_]*\)", "for step in range(2)"),
 ]
 
 _DATA = """
@@ -134,6 +138,39 @@ def test_every_page_is_covered():
         assert all(isinstance(k, int) and k >= 0 for k in SETUP[page]), page
 
 
+def _runnable(page: str):
+    """The page's ```python blocks that run, ``[(index, code, line)]``, after checking its skip markers."""
+    found = blocks((ROOT / page).read_text(encoding="utf-8"))
+    skipped = [b for b in found if b[0] is not None and b[3] is not None]
+    assert len(skipped) <= MAX_SKIPPED, f"{page}: {len(skipped)} python blocks skipped (at most {MAX_SKIPPED})"
+    for index, lang, code, reason, line in found:
+        if reason is not None:
+            assert len(reason) >= 10, f"{page}:{line}: a skipped block needs a reason in the marker"
+    runnable = [(b[0], b[2], b[4]) for b in found if b[0] is not None and b[3] is None]
+    for index in SETUP[page]:
+        assert any(b[0] == index for b in runnable), f"{page}: SETUP names block {index}, which does not run"
+    return runnable
+
+
+def _run_page(page: str, ns: dict, until=None) -> None:
+    """Run the page's setup and blocks in ``ns``, in order (up to and including block ``until``); a failure names
+    the page, the block's index and line, and its first line."""
+    for index, code, line in _runnable(page):
+        setup = SETUP[page].get(index)
+        if setup:
+            _run(textwrap.dedent(setup), f"<setup of {page} block {index}>", ns)
+        first = code.strip().splitlines()[0] if code.strip() else ""
+        error = None
+        try:
+            _run(shrink(code), f"{page}:{line} (block {index})", ns)
+        except Exception as exc:  # noqa: BLE001 - reported with the page, block and first line
+            error = "".join(traceback.format_exception(exc)[-12:])
+        if error is not None:
+            pytest.fail(f"{page}, python block {index} (line {line}: {first!r}) raised\n{error}", pytrace=False)
+        if index == until:
+            return
+
+
 def _params():
     """The pages, a page with a library failure marked ``xfail(strict=True)``: it must fail until the fix."""
     for page in PAGES:
@@ -143,30 +180,30 @@ def _params():
 
 @pytest.mark.parametrize("page", list(_params()))
 def test_page_snippets_run(page, tmp_path, monkeypatch):
-    text = (ROOT / page).read_text(encoding="utf-8")
-    found = blocks(text)
-    skipped = [b for b in found if b[0] is not None and b[3] is not None]
-    assert len(skipped) <= MAX_SKIPPED, f"{page}: {len(skipped)} python blocks skipped (at most {MAX_SKIPPED})"
-    for index, lang, code, reason, line in found:
-        if reason is not None:
-            assert len(reason) >= 10, f"{page}:{line}: a skipped block needs a reason in the marker"
-    runnable = [b for b in found if b[0] is not None and b[3] is None]
-    for index in SETUP[page]:
-        assert any(b[0] == index for b in runnable), f"{page}: SETUP names block {index}, which does not run"
-
     monkeypatch.chdir(tmp_path)
     pyro.clear_param_store()
-    ns: dict = {"__name__": "__snippet__"}
+    with pyro.settings.context(module_local_params=False):  # Pyro's default, as in a new session
+        _run_page(page, {"__name__": "__snippet__"})
+
+
+def test_state_dict_loads_in_a_fresh_process(tmp_path, monkeypatch):
+    """docs/saving.md, "In another process": the model trained and its state_dict saved here (the page's blocks up
+    to the state_dict section), the page's ``# predict.py`` block run by a new interpreter (``python -c``, warnings
+    as errors) in the same folder; its predictions equal the trained module's."""
+    page = "docs/saving.md"
+    runnable = _runnable(page)
+    saver = next(i for i, code, _ in runnable if 'torch.save(gp.state_dict(), "svgp.pt")' in code)
+    child = next(code for _, code, _ in runnable if code.startswith("# predict.py"))
+    monkeypatch.chdir(tmp_path)
+    ns = {"__name__": "__snippet__"}
     with pyro.settings.context(module_local_params=False):
-        for index, lang, code, reason, line in runnable:
-            setup = SETUP[page].get(index)
-            if setup:
-                _run(textwrap.dedent(setup), f"<setup of {page} block {index}>", ns)
-            first = code.strip().splitlines()[0] if code.strip() else ""
-            error = None
-            try:
-                _run(shrink(code), f"{page}:{line} (block {index})", ns)
-            except Exception as exc:  # noqa: BLE001 - reported with the page, block and first line
-                error = "".join(traceback.format_exception(exc)[-12:])
-            if error is not None:
-                pytest.fail(f"{page}, python block {index} (line {line}: {first!r}) raised\n{error}", pytrace=False)
+        _run_page(page, ns, until=saver)
+    assert (tmp_path / "svgp.pt").is_file()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    code = shrink(child) + "\ntorch.save((mean, var), 'predicted_in_child.pt')\n"
+    run = subprocess.run([sys.executable, "-W", "error", "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    mean, var = torch.load(tmp_path / "predicted_in_child.pt")
+    assert mean.dtype == ns["mean"].dtype and mean.shape == ns["mean"].shape
+    assert torch.allclose(mean, ns["mean"]) and torch.allclose(var, ns["var"])
