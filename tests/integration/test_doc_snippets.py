@@ -88,7 +88,15 @@ Zimg = X[:4].clone()
     "docs/tutorials.md": {},
     "docs/index.md": {},
     "docs/saving.md": {},
-    "docs/gpu.md": {},
+    "docs/gpu.md": {  # torchrun's environment for a world of one process (gloo on the CPU), on a free port
+        3: """
+import os, socket
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+""",
+    },
 }
 
 # page -> {block index: reason}: snippets that fail (or warn) because of a library problem, for its owner to fix
@@ -182,8 +190,15 @@ def _params():
 def test_page_snippets_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     pyro.clear_param_store()
-    with pyro.settings.context(module_local_params=False):  # Pyro's default, as in a new session
-        _run_page(page, {"__name__": "__snippet__"})
+    environ = dict(os.environ)
+    try:
+        with pyro.settings.context(module_local_params=False):  # Pyro's default, as in a new session
+            _run_page(page, {"__name__": "__snippet__"})
+    finally:  # a page's setup may set torchrun's variables; a failed page may leave a process group
+        os.environ.clear()
+        os.environ.update(environ)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 def test_state_dict_loads_in_a_fresh_process(tmp_path, monkeypatch):
