@@ -112,7 +112,8 @@ LIBRARY_FAILURES: dict[str, list[tuple[bool, str]]] = {
         "IllConditionedWarning: cholesky: a 32 x 32 matrix is numerically singular: 1 of its 32 pivots come from "
         "the jitter (relative 1.0e-06), not from the matrix. [...] terms with its inverse (the un-whitened KL) are "
         "then dominated by the jitter. Remove duplicate inducing inputs, use fewer of them, or use whiten=True. -- "
-        "the module is already whitened (whiten=True), where by the message's own account no term is affected",
+        "the module is already whitened: the remedy the message names is in place, and by its own account the "
+        "affected terms (the un-whitened KL) are not used",
     )],
 }
 
