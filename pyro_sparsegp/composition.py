@@ -234,16 +234,19 @@ def plate(name: str, size: int, subsample_size: int | None = None, dim: int | No
     subsampled), as ``pyro.plate`` does."""
     trace = current_trace()
     node = None if trace is None else trace.nodes.get(name)
-    if node is not None and node["type"] == "sample" and subsample is None:
+    if node is not None and node["type"] == "sample":
         drawn_size, drawn = getattr(node["fn"], "size", size), len(node["value"])
-        if drawn_size != size or drawn != (size if subsample_size is None else subsample_size):
+        want = len(subsample) if subsample is not None else size if subsample_size is None else subsample_size
+        same = subsample is None or (drawn == want and bool((node["value"] == subsample.to(node["value"])).all()))
+        if drawn_size != size or drawn != want or not same:
             raise ValueError(
                 f"plate {name!r} of size {size} (subsample_size={subsample_size}) joins the plate of that name "
                 f"already drawn in this program, which has size {drawn_size} and {drawn} indices. AutoGuideList "
                 "draws the model's plates from its prototype trace, i.e. from the first call's data (the training "
                 "set and minibatch size); a call on other inputs (Predictive on test points) needs plates drawn from "
-                "its own arguments: AutoGuideList(model, create_plates=lambda X, *args, subsample_size=None, **kw: "
-                f"pyro.plate({name!r}, X.shape[-2], subsample_size=subsample_size, dim=-1))."
+                "its own arguments: AutoGuideList(gp.model, create_plates=gp.create_plates) for a layer's or deep "
+                "model's own model, or for a model of yours AutoGuideList(model, create_plates=lambda X, *args, "
+                f"subsample_size=None, **kw: pyro.plate({name!r}, X.shape[-2], subsample_size=subsample_size, dim=-1))."
             )
         with pyro.poutine.block(hide=[name]):
             return pyro.plate(name, size, dim=dim, subsample=node["value"], device=device)

@@ -195,6 +195,12 @@ class DeepGP(PyroModule):
         return y
 
     # -- the Pyro program ---------------------------------------------------------------------------------------
+    def create_plates(self, X, y=None, *, subsample_size=None, num_data=None):
+        """The data plate ``"<name>.data"`` (``dim=-1``) that :meth:`model` opens for these arguments, drawn from
+        this call's own ``X`` ``[..., N, D]``: ``AutoGuideList(dgp.model, create_plates=dgp.create_plates)``."""
+        X = X if isinstance(X, torch.Tensor) else self.check_inputs(X)[0]
+        return self._plate(X.shape[-2], subsample_size, num_data, X.device)
+
     def _plate(self, N, subsample_size, num_data, device):
         if num_data is None:
             return data_plate(f"{self.name}.data", N, subsample_size=subsample_size, dim=-1, device=device)

@@ -400,6 +400,14 @@ class SVGP(PyroModule):
         keep their places (see :func:`as_inputs`). Call inside the data plate."""
         return as_inputs(self.sample_f(X, u, guide=guide), self.num_outputs)
 
+    def create_plates(self, X, y=None, *, subsample_size=None, num_data=None):
+        """The data plate ``"<name>.data"`` (``dim=-1``) that :meth:`model` opens for these arguments, drawn from
+        this call's own ``X`` ``[..., N, D]``: pass ``create_plates=gp.create_plates`` to an ``AutoGuideList`` (or
+        an autoguide) around :meth:`model`, so that the guide also serves other inputs (``Predictive`` on test
+        points) instead of reusing the plate of its first call."""
+        X = X if isinstance(X, torch.Tensor) else self.check_inputs(X)[0]
+        return self._data_plate(X.shape[-2], subsample_size, num_data, X.device)
+
     def _data_plate(self, N, subsample_size, num_data, device):
         if num_data is None:
             return data_plate(f"{self.name}.data", N, subsample_size=subsample_size, dim=-1, device=device)

@@ -59,10 +59,9 @@ def claim_name(module, name: str) -> None:
     """Record that ``module`` holds ``name``. Under Pyro's global parameter store, a live earlier holder is marked
     superseded (it raises at its next use) and the store's ``<name>.*`` entries are dropped, with a warning; entries
     left by a module that no longer exists are dropped silently (they would be adopted, even with another shape)."""
+    if _holder(name) is not None and _holder(name) is not module:
+        gc.collect()  # (holding no reference to it here: a module waiting for the collector does not count)
     old = _holder(name)
-    if old is not None and old is not module:
-        gc.collect()
-        old = _holder(name)
     _LIVE[name] = weakref.ref(module)
     if pyro.settings.get("module_local_params"):
         return

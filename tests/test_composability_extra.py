@@ -70,11 +70,7 @@ def test_create_plates_predicts_on_new_inputs():
     X, Xt = torch.randn(40, 2), torch.randn(25, 2)
     y = X.sum(-1)
     gp = _svgp(X)
-
-    def plates(X, y=None, subsample_size=None):
-        return pyro.plate("gp.data", X.shape[-2], subsample_size=subsample_size, dim=-1)
-
-    guide = AutoGuideList(gp.model, create_plates=plates)
+    guide = AutoGuideList(gp.model, create_plates=gp.create_plates)  # the layer's own plate, from each call's X
     guide.append(AutoNormal(poutine.block(gp.model, expose_fn=_hyper)))
     guide.append(gp.guide)
     svi = SVI(gp.model, guide, pyro.optim.Adam({"lr": 0.01}), TraceMeanField_ELBO())
@@ -82,6 +78,8 @@ def test_create_plates_predicts_on_new_inputs():
         svi.step(X, y, subsample_size=10)
     tr = poutine.trace(guide).get_trace(X, y, subsample_size=10)
     assert tr.nodes["gp.data"]["value"].shape == (10,)
+    tr = poutine.trace(guide).get_trace(X[:10], y[:10], num_data=40)  # a minibatch of 40 points: scaled by 4
+    assert tr.nodes["gp.data"]["value"].tolist() == list(range(10)) and tr.nodes["gp.data"]["fn"].size == 40
     f = Predictive(gp.model, guide=guide, num_samples=200, return_sites=["gp.f"])(Xt)["gp.f"]
     assert f.shape == (200, 25)
     # independent: the layer's predict under each of the autoguide's draws of the lengthscale, averaged

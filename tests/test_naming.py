@@ -102,3 +102,15 @@ def test_deep_models_get_unique_default_names_and_stay_apart(local):
         assert before.keys() == after.keys()
         for k, v in before.items():
             assert torch.equal(v, after[k]), k
+
+
+def test_an_explicit_name_held_by_a_module_awaiting_the_collector_is_free():
+    """A module that only a reference cycle keeps (a notebook's old objects, a traceback) does not hold its name:
+    re-building with the same explicit name neither warns nor supersedes."""
+    with pyro.settings.context(module_local_params=False):
+        X, y = _data()
+        old = ps.SVGP(RBF(2), X[:8].clone(), ps.Gaussian(0.1), name="cyc")
+        old.__dict__["_cycle"] = [old]  # garbage once dropped, but only the cycle collector frees it
+        del old
+        new = ps.SVGP(RBF(2), X[:8].clone(), ps.Gaussian(0.1), name="cyc")  # warnings are errors in this suite
+        assert new.predict(X)[0].shape == (len(X),)

@@ -105,17 +105,7 @@ FLOAT32 = os.environ.get("PYRO_SPARSEGP_DTYPE", "float64") == "float32"  # the f
 
 # page -> [(applies, reason)]: snippets that fail (or warn) because of a library problem, for the library's owner to
 # fix; the page's test is marked xfail(strict=True) where ``applies``, so it fails once the library is fixed.
-LIBRARY_FAILURES: dict[str, list[tuple[bool, str]]] = {
-    "docs/conventions.md": [(
-        FLOAT32,
-        "block 0 (a whitened SVGP, Z = torch.randn(32, 2), RBF(2)) warns in float32 at its first SVI step: "
-        "IllConditionedWarning: cholesky: a 32 x 32 matrix is numerically singular: 1 of its 32 pivots come from "
-        "the jitter (relative 1.0e-06), not from the matrix. [...] terms with its inverse (the un-whitened KL) are "
-        "then dominated by the jitter. Remove duplicate inducing inputs, use fewer of them, or use whiten=True. -- "
-        "the module is already whitened: the remedy the message names is in place, and by its own account the "
-        "affected terms (the un-whitened KL) are not used",
-    )],
-}
+LIBRARY_FAILURES: dict[str, list[tuple[bool, str]]] = {}
 
 
 def blocks(text: str):
