@@ -40,7 +40,7 @@ from .distributions.kl import ConditionalNormal
 from .inputs import as_targets, as_tensor
 from .kernels import kernel_matrix
 from .likelihoods import Likelihood, _check_finite
-from .linalg import cholesky, project_chol, solve_lower, whitened_marginals
+from .linalg import KUU_ADVICE, cholesky, project_chol, solve_lower, whitened_marginals
 from .naming import ParamStoreWarning, claim_name, unique_name
 from .validation import check_data, check_module_args, check_predict
 from .variational import GaussianQ
@@ -251,7 +251,7 @@ class SVGP(PyroModule):
         if consume and key in self._cache:
             return self._cache.pop(key)
         Kuu = ind.Kuu(self.inducing, self.kernel)
-        out = (Kuu, cholesky(Kuu, self.jitter, warn_singular=not self.whiten))
+        out = (Kuu, cholesky(Kuu, self.jitter, warn_singular=not self.whiten and KUU_ADVICE))
         if not consume:
             self._cache = {key: out}
         return out
@@ -562,7 +562,7 @@ class SVGP(PyroModule):
         draws, not independent marginals): ``[num_samples, N]`` or ``[num_samples, N, L]``."""
         X, _ = self.check_inputs(X, None)
         mean, cov = self.qf_full(X)
-        L = cholesky(0.5 * (cov + cov.mT), self.jitter)
+        L = cholesky(0.5 * (cov + cov.mT), self.jitter, warn_singular=False)  # low-rank by nature: harmless
         eps = torch.randn((num_samples,) + mean.shape, dtype=mean.dtype, device=mean.device)
         f = mean + (L @ eps.unsqueeze(-1)).squeeze(-1)
         return f.movedim(-2, -1) if self.num_outputs is not None else f

@@ -14,7 +14,8 @@ Jitter policy (one place, used everywhere):
   working precision (duplicate or near-duplicate inducing inputs are the usual cause; a rank-one ``Kuu`` from
   all-equal inputs factorises with a ``1e-10`` jitter in float64). Quantities built from its inverse (the
   un-whitened KL, ``Kuu^{-1}``) are then dominated by the jitter. :func:`cholesky` emits
-  :class:`IllConditionedWarning` naming the number of such pivots and the fix.
+  :class:`IllConditionedWarning` naming the number of such pivots and the fix that its caller knows to be true
+  (:data:`KUU_ADVICE`, :data:`KUU_INVERSE_ADVICE`), or nothing where the jitter is harmless (a whitened ``Kuu``).
 
 Each warning is emitted **once per cause** per process (cause: the kind, the matrix size, the dtype and the jitter
 reached), not at every step; :func:`reset_warnings` forgets what was reported.
@@ -73,7 +74,22 @@ def _warn_once(cause, message, category, stacklevel=3):
     warnings.warn(message, category, stacklevel=stacklevel)
 
 
-def _check_conditioning(A, L, eps, scale):
+#: The advice of :class:`IllConditionedWarning` for the inducing inputs' kernel matrix of an un-whitened layer.
+KUU_ADVICE = (
+    "For the inducing inputs' kernel matrix Kuu this means duplicate or near-duplicate inducing inputs (or a "
+    "lengthscale much larger than their spread), and the un-whitened bound uses its inverse, which the jitter then "
+    "dominates: use whiten=True (the layers' default, which never inverts it), or remove duplicate inducing inputs "
+    "/ use fewer of them."
+)
+#: The advice for ``Kuu`` where the method itself needs its inverse (EP, SEP, MFSp): whitening is not an option.
+KUU_INVERSE_ADVICE = (
+    "This is the inducing inputs' kernel matrix Kuu, whose inverse this method uses (the jitter then dominates it): "
+    "its inputs are redundant, as duplicate or near-duplicate inducing inputs (duplicate rows of X taken as Z) or "
+    "more of them than the lengthscale can tell apart make them. Remove the duplicates or use fewer of them."
+)
+
+
+def _check_conditioning(A, L, eps, scale, advice):
     """Warn (once per cause) when some pivot ``L_ii^2`` is below four times the jitter ``eps * scale`` ``[...]``."""
     if eps <= 0:
         return
@@ -85,12 +101,9 @@ def _check_conditioning(A, L, eps, scale):
     count = int(dominated.sum(-1).max())
     M = A.shape[-1]
     _warn_once(
-        ("ill", M, A.dtype),
+        ("ill", M, A.dtype, advice),
         f"cholesky: a {M} x {M} matrix is numerically singular: {count} of its {M} pivots come from the jitter "
-        f"(relative {eps:.1e}), not from the matrix. For a kernel matrix of inducing inputs this means duplicate or "
-        "near-duplicate inputs (or a lengthscale much larger than their spread); terms with its inverse (the "
-        "un-whitened KL) are then dominated by the jitter. Use whiten=True (the layers' default, which never "
-        "inverts it), or remove duplicate inducing inputs / use fewer of them.",
+        f"(relative {eps:.1e}), not from the matrix. {advice}",
         IllConditionedWarning,
         stacklevel=4,
     )
@@ -112,7 +125,7 @@ def add_diag(A: torch.Tensor, value) -> torch.Tensor:
 
 
 def cholesky(
-    A: torch.Tensor, jitter: float | None = None, max_tries: int = 6, warn_singular: bool = True
+    A: torch.Tensor, jitter: float | None = None, max_tries: int = 6, warn_singular: bool | str = True
 ) -> torch.Tensor:
     """Lower Cholesky factor of a batch of symmetric positive-definite matrices with jitter escalation.
 
@@ -120,9 +133,11 @@ def cholesky(
     :param jitter: base relative jitter (default :func:`default_jitter`), scaled by the mean diagonal of ``A``;
         ``0`` tries the exact matrix first and then escalates from :func:`default_jitter`.
     :param max_tries: how many tenfold escalations to try after the first attempt.
-    :param warn_singular: emit :class:`IllConditionedWarning` for a numerically singular matrix. Layers pass
-        ``False`` for a whitened ``Kuu`` (and SOLVE-GP's ``Cvv``): no term of the whitened bound uses its inverse,
-        so the jitter only adds a negligible independent variance to ``u`` and the warning's advice would be empty.
+    :param warn_singular: emit :class:`IllConditionedWarning` for a numerically singular matrix, with this advice
+        (a string: what the matrix is and what to do; ``True``: a generic sentence). Callers pass ``False`` where
+        the jitter is harmless and no advice would be true: a whitened ``Kuu`` (and SOLVE-GP's ``Cvv``), whose
+        inverse no term of the whitened bound uses (the jitter adds a negligible independent variance to ``u``),
+        and the full posterior covariance of many test points, low-rank by nature.
     :returns: ``L`` ``[..., M, M]`` with ``L @ L.mT = A + jitter * mean(diag A) * I``.
     :raises torch.linalg.LinAlgError: if the matrix is not positive definite even with the largest jitter.
 
@@ -155,7 +170,9 @@ def cholesky(
                     CholeskyJitterWarning,
                 )
             if warn_singular:
-                _check_conditioning(A, L, eps, scale)
+                advice = warn_singular if isinstance(warn_singular, str) else (
+                    "Quantities built from its inverse are then dominated by the jitter.")
+                _check_conditioning(A, L, eps, scale, advice)
             return L
         eps = max(eps * 10.0, default_jitter(A.dtype) if attempt == 0 and eps == 0 else 0.0)  # jitter=0: then base
     raise torch.linalg.LinAlgError(

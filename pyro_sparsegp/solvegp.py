@@ -43,7 +43,14 @@ from . import inducing as ind
 from .composition import draw_hyperparameters, layer_method, sampled_attributes
 from .distributions.kl import ConditionalNormal
 from .layers import SVGP, _XKey
-from .linalg import cholesky, gram, project_chol, solve_lower
+from .linalg import KUU_ADVICE, cholesky, gram, project_chol, solve_lower
+
+#: The advice of IllConditionedWarning for Cvv = Kvv - Kvu Kuu^{-1} Kuv of an un-whitened SOLVE-GP layer.
+CVV_ADVICE = (
+    "This is Cvv = Kvv - Kvu Kuu^-1 Kuv, the prior covariance of the orthogonal inducing variables, whose inverse the "
+    "un-whitened bound uses: orthogonal inducing inputs O that (nearly) duplicate each other or lie on top of the "
+    "inducing inputs Z make it singular. Use whiten=True (the default), or spread O away from Z and from each other."
+)
 from .validation import check_orthogonal_inputs
 from .variational import GaussianQ
 
@@ -166,7 +173,7 @@ class SOLVEGP(SVGP):
         the backward pass solves against ``Luu`` once for both; ``A^T A`` is a :func:`gram`."""
         k, u, v = self.kernel, self.inducing, self.orthogonal
         Kuu = ind.Kuu(u, k)
-        Luu = cholesky(Kuu, self.jitter, warn_singular=not self.whiten)  # [(L,) M, M]
+        Luu = cholesky(Kuu, self.jitter, warn_singular=not self.whiten and KUU_ADVICE)  # [(L,) M, M]
         Kuv = ind.Kuu(u, k, v)
         if Xk is None:
             (A,) = project_chol(Kuu, Luu, Kuv)
@@ -174,7 +181,7 @@ class SOLVEGP(SVGP):
             A, B = project_chol(Kuu, Luu, Kuv, ind.Kuf(u, k, Xk))  # [(L,) M, M2], [..., (L,) M, B]
         Cvv = ind.Kuu(v, k) - gram(A)
         # [(L,) M2, M2]; the factorisation reads the lower triangle only
-        Lc = cholesky(Cvv, self.jitter, warn_singular=not self.whiten)
+        Lc = cholesky(Cvv, self.jitter, warn_singular=not self.whiten and CVV_ADVICE)
         if Xk is None:
             return Luu, Lc, A
         (D,) = project_chol(Cvv, Lc, ind.Kuf(v, k, Xk) - A.mT @ B)  # [..., (L,) M2, B]

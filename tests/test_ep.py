@@ -350,6 +350,19 @@ def test_training_raises_the_evidence_and_classifies():
         assert err < 0.15
 
 
+def test_frozen_parameters_stay_fixed():
+    """A parameter frozen with ``requires_grad_(False)`` (here the inducing inputs) is not moved by EP's
+    hyper-parameter steps, in batch (sign-adaptive) and minibatch (Adam) mode, while the kernel still trains."""
+    gp0, X, y = _problem(N=40, K=3, M=4, noise=0.5)
+    for method, bs in (("ep", None), ("sep", 10)):
+        gp = copy.deepcopy(gp0)
+        gp.inducing.Z_unconstrained.requires_grad_(False)
+        Z0, ls0 = gp.Z.detach().clone(), gp.kernel.kern0.lengthscale.detach().clone()
+        fit_ep(gp, X, y, method=method, num_iters=5, batch_size=bs, lr=1e-2)
+        assert torch.equal(gp.Z.detach(), Z0)
+        assert not torch.equal(gp.kernel.kern0.lengthscale.detach(), ls0)
+
+
 def test_errors():
     gp, X, y = _problem()
     with pytest.raises(ValueError, match="method"):

@@ -104,3 +104,24 @@ def test_hopeless_matrix_raises_linalg_error_naming_the_jitter():
         cholesky(K)
     with pytest.raises(ValueError, match="NaN"):
         cholesky(torch.full((3, 3), float("nan")))
+
+
+def test_ill_conditioning_advice_fits_the_method_and_is_silent_where_harmless():
+    """IllConditionedWarning gives the advice that is true where it fires: EP (which needs Kuu^{-1}, whitened or
+    not) says to remove the duplicate inducing inputs and does not offer whiten=True; joint posterior draws at many
+    points (a covariance that is low-rank by nature) and a whitened layer's Kuu do not warn at all."""
+    X = torch.linspace(-2, 2, 40)[:, None]
+    y = (X[:, 0] > 0).long()
+    Z = X[::4].clone()
+    Z[1] = Z[0]  # a repeated inducing input, as random rows of a data set with repeated rows give
+    gp = ps.SVGP(RBF(1), Z, ps.RobustMax(2))
+    reset_warnings()
+    with pytest.warns(IllConditionedWarning, match="whose inverse this method uses") as seen:
+        ps.infer.fit_ep(gp, X, y, num_iters=2)
+    assert not any("whiten=True" in str(w.message) for w in seen)
+    smooth = ps.SVGP(RBF(1, lengthscale=torch.tensor(2.0)), X[::8].clone(), ps.Gaussian(0.1))
+    reset_warnings()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither the whitened Kuu of Z nor the 300 x 300 covariance of q(f*) warns
+        draws = smooth.sample_posterior(torch.linspace(-2, 2, 300)[:, None], num_samples=3)
+    assert draws.shape == (3, 300) and torch.isfinite(draws).all()

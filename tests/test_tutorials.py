@@ -1,6 +1,7 @@
 """Every tutorial notebook runs end to end (in its smoke-test mode: PYRO_SPARSEGP_SMOKE=1 cuts iterations), and the
 data-parallel tutorial's script runs under torchrun with two processes."""
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -9,6 +10,17 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "tutorials").glob("*.ipynb"))
+WARNING = re.compile(r"\b\w*Warning\b: ")  # how Python shows a warning: "path:line: SomeWarning: message"
+
+
+def _warnings_shown(nb):
+    """The warnings a reader of the notebook sees: every ``Warning: `` line in a cell's text outputs."""
+    shown = []
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        for o in cell.get("outputs", []):
+            text = o.get("text", "") if o.output_type == "stream" else o.get("data", {}).get("text/plain", "")
+            shown += [f"cell {i + 1}: {line.strip()}" for line in str(text).splitlines() if WARNING.search(line)]
+    return shown
 
 
 def test_there_are_tutorials():
@@ -25,6 +37,15 @@ def test_committed_notebook_is_executed(path):
     outputs = [o for c in code for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs)
+    assert not _warnings_shown(nb), _warnings_shown(nb)  # the default path is warning-free
+
+
+def test_warnings_shown_finds_a_warning_line():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[nbformat.v4.new_output(
+        "stream", name="stderr", text="/x/layers.py:256: IllConditionedWarning: cholesky: a 10 x 10 matrix\n")])])
+    assert _warnings_shown(nb) == ["cell 1: /x/layers.py:256: IllConditionedWarning: cholesky: a 10 x 10 matrix"]
+    nb.cells[0].outputs[0].text = "fit: step 20/20 (100%)  elbo -287.8\n"
+    assert _warnings_shown(nb) == []
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -41,6 +62,7 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     client.execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
+    assert not _warnings_shown(nb), _warnings_shown(nb)  # no warning on the default path, without a filter
     assert os.environ["PYRO_SPARSEGP_SMOKE"] == "1"
 
 

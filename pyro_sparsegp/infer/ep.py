@@ -64,7 +64,7 @@ import torch
 
 from ..kernels import kernel_diag, kernel_matrix
 from ..likelihoods_multiclass import RobustMax
-from ..linalg import cholesky, project_chol
+from ..linalg import KUU_INVERSE_ADVICE, cholesky, project_chol
 
 __all__ = ["fit_ep", "EPState", "ep_log_evidence", "ep_refine", "ep_surrogate"]
 
@@ -87,7 +87,7 @@ def _fitc_stats(module, X):
     Z = module.Z
     K = module.num_outputs
     Kuu = kernel_matrix(module.kernel, Z)
-    L = cholesky(Kuu, module.jitter)
+    L = cholesky(Kuu, module.jitter, warn_singular=KUU_INVERSE_ADVICE)
     Kuf = kernel_matrix(module.kernel, Z, X if Z.dim() == 2 else X.unsqueeze(-3))
     (W,) = project_chol(Kuu, L, Kuf)
     M, N = W.shape[-2:]
@@ -372,7 +372,10 @@ def fit_ep(
         takes one hyper-parameter step (the paper's schedule, sec. 2.3 and appendix E).
     :param batch_size: ``None``: batch mode (all factors each iteration, sign-adaptive steps, damping schedule);
         else minibatches of that size drawn from random permutations (``delta = 1``, Adam on eq. 12).
-    :param learn_hyperparameters: also train the kernel and ``Z`` (eq. 10/12); ``False``: EP only.
+    :param learn_hyperparameters: also train the kernel and ``Z`` (eq. 10/12); ``False``: EP only. A parameter
+        frozen the PyTorch way stays where it is, e.g. ``gp.inducing.Z_unconstrained.requires_grad_(False)`` keeps
+        the inducing inputs fixed (EP's FITC-type prior tends to pull learned inducing inputs onto each other,
+        Bauer, van der Wilk, Rasmussen 2016, which makes ``Kuu`` singular).
     :param damping: initial ``delta``; :param damping_decay: ``delta <- decay * delta`` after each batch iteration
         (``1.0``: constant damping, which is how to run EP to a fixed point).
     :param lr: Adam learning rate in minibatch mode.
@@ -405,7 +408,8 @@ def fit_ep(
         state.Lam, state.eta = X.new_zeros(K, M, M), X.new_zeros(K, M)
     if method == "ep" and batch and state.ups is None:
         state.ups = X.new_zeros(K, N, M)
-    params = [p for n, p in module.named_parameters() if not n.startswith("q_u")] if learn_hyperparameters else []
+    params = [p for n, p in module.named_parameters() if not n.startswith("q_u") and p.requires_grad]
+    params = params if learn_hyperparameters else []
     opt = (torch.optim.Adam(params, lr=lr, maximize=True) if batch else _SignAdaptive(params)) if params else None
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(N, generator=gen)

@@ -31,7 +31,7 @@ import torch
 
 from ..kernels import kernel_diag, kernel_matrix
 from ..likelihoods import Bernoulli
-from ..linalg import cholesky, project_chol
+from ..linalg import KUU_INVERSE_ADVICE, cholesky, project_chol
 
 __all__ = ["fit_mfsp", "mfsp_bound", "MFSpState"]
 
@@ -50,7 +50,7 @@ def _check(module, X, y):
 
 def _pieces(module, X):
     Kmm = kernel_matrix(module.kernel, module.Z)
-    L = cholesky(Kmm, module.jitter)
+    L = cholesky(Kmm, module.jitter, warn_singular=KUU_INVERSE_ADVICE)
     (W,) = project_chol(Kmm, L, kernel_matrix(module.kernel, module.Z, X))  # [M, N]
     eye = torch.eye(W.shape[0], dtype=W.dtype, device=W.device)
     Lb = cholesky(eye + W @ W.mT)  # B = I + W W^T: |Q + I| = |B|, (Q + I)^{-1} = I - W^T B^{-1} W
