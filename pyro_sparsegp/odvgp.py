@@ -188,7 +188,7 @@ class ODVGP(SVGP):
         return self._terms(X)[0], cov
 
     def _sites(self, *args, **kwargs):
-        """Not available for ODVGP (``NotImplementedError``): the Pyro sites of :class:`~pyro_sparsegp.SOLVEGP`
+        r"""Not available for ODVGP (``NotImplementedError``): the Pyro sites of :class:`~pyro_sparsegp.SOLVEGP`
         (``X [..., B, D]``) would sample :math:`q(v_\perp) = N(C_{vv}a, C_{vv})` (Shi, Titsias, Mnih 2020,
         section 5), whose factor ``chol(C_vv)`` ``[M2, M2]`` is what this module avoids."""
         raise NotImplementedError(
