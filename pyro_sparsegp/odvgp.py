@@ -154,6 +154,16 @@ class ODVGP(SVGP):
         ``b = Luu^{-1}K_{uv}a`` (eq. 36 at :math:`S_v = C_{vv}`), with :meth:`quad_kvv`'s estimate; ``()``."""
         return 0.5 * (self.quad_kvv(columns) - b.pow(2).sum(-1))
 
+    @layer_method
+    def kl_divergence(self, consume: bool = False, columns=None) -> torch.Tensor:
+        """``KL_u + KL_v`` (eqs. 35-36 at ``S_v = C_vv``, ``m_v = C_vv a``), ``()``, with ``a^T K_vv a`` from the
+        columns ``columns`` (``None``: ``num_subsample`` drawn afresh; all ``M2``: exact)."""
+        _, Luu = self._kuu_chol(consume=False)
+        self._cache.clear()
+        Kuv_a = kernel_matrix(self.kernel, self.Z, self.O) @ self.a  # [M]
+        b = torch.linalg.solve_triangular(Luu, Kuv_a.unsqueeze(-1), upper=False).squeeze(-1)
+        return self.kl_u(Luu) + self.kl_v(b, columns)
+
     def kl_u(self, Luu) -> torch.Tensor:
         """KL[q(u) || p(u)] (eq. 35), ``()``; ``Luu = chol(Kuu)``."""
         prior = self.prior(None if self.whiten else Luu)

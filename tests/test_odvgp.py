@@ -75,6 +75,8 @@ def test_all_columns_equal_dense_odvgp_bound(whiten):
                                        abs=1e-10)  # the exact path, columns in any order
     assert abs(val.item() - _dense_bound(gp, X, y, 100).item()) < 1e-8
     assert abs(val.item() - _solvegp(gp).analytic_elbo(X, y, num_data=100).item()) < 1e-8
+    sg = _solvegp(gp)
+    assert abs(gp.kl_divergence(columns=torch.arange(M2)).item() - sg.kl_divergence().item()) < 1e-8
     with torch.no_grad():  # a = 0: q(v⊥) = p(v⊥), the SVGP bound
         gp.a = torch.zeros(M2)
     svgp = ps.SVGP(gp.kernel, gp.Z.detach().clone(), gp.likelihood, whiten=whiten, jitter=0.0, name="svgp")
