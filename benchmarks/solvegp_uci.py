@@ -27,9 +27,13 @@ over splits, beside the paper's numbers (table 2 / table 6; table 7 for elevator
 ``--summarize`` prints the summary of the per-split rows of earlier runs' JSON files together (same M and
 epochs).
 
-Differences from the paper, always: our ODVGP row is 1024 + 1024 (``odvgp=True``: q(v⊥) has the prior's covariance
-C_vv), like the paper's "ODVGP 1024 + 1024" row; the paper's "1024 + 8096" row used column subsampling of K_vv,
-which we do not implement. On a 2-core CPU the full protocol (6 datasets x 5 splits x 100 epochs x 4 models at
+ODVGP rows: ``odvgp_M+M`` is ``SOLVEGP(..., odvgp=True)`` with M + M (q(v⊥) has the prior's covariance C_vv; dense
+in M2), like the paper's "ODVGP 1024 + 1024" row; ``odvgp_M+8M`` is :class:`pyro_sparsegp.ODVGP` with M2 = 8M mean
+inducing points (the first M as Z, the next 8M as O) and J = M columns of K_vv sampled per step, like the paper's
+"1024 + 8096" row with its 1024 sampled columns (section 6.3; its q(v⊥) = N(C_vv a, C_vv), not whitened, as the
+paper's). ``--models`` picks a subset of the models. ``--timing`` times a training step (forward, backward, Adam) of
+the subsampled ODVGP at M2 = 4M, 8M, 16M with the same J = M side by side (round-robin, median), beside the dense
+ODVGP and SVGP M, and writes the ratios (``ratio_8M_4M``, ``ratio_16M_8M``) as JSON rows. On a 2-core CPU the full protocol (6 datasets x 5 splits x 100 epochs x 4 models at
 M = 1024) takes days; ``--datasets/--splits/--epochs/--M/--max-train`` say what was run and every JSON row records
 it. ``--quick`` is a reduced protocol: kin40k, 1 split, M = 128 (+ 128), 50 epochs on 5,000 training points.
 ``--estimate`` times a few steps of each model per dataset and prints the projected time of the chosen protocol.
@@ -46,7 +50,7 @@ from pathlib import Path
 import numpy as np
 import pyro
 import torch
-from _common import parser, setup, table, write_json
+from _common import parser, setup, table, time_alternating, write_json
 from pyro.contrib.gp.kernels import Matern32
 
 import pyro_sparsegp as ps
@@ -54,24 +58,31 @@ from pyro_sparsegp.infer import fit
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 DATASETS = ["kin40k", "protein", "keggdirected", "keggundirected", "elevators", "bike"]
-KINDS = ["svgp_M", "solvegp_M+M", "odvgp_M+M", "svgp_2M"]  # the paper's SVGP 1024, SOLVE-GP/ODVGP 1024+1024, SVGP 2048
+# the paper's SVGP 1024, SOLVE-GP/ODVGP 1024 + 1024, SVGP 2048, ODVGP 1024 + 8096 (subsampled)
+KINDS = ["svgp_M", "solvegp_M+M", "odvgp_M+M", "svgp_2M", "odvgp_M+8M"]
 
 # (test LL, se, RMSE, se) at M = 1024, copied from the paper: table 2 (test LL) and table 6 (RMSE) for the first four
-# datasets, table 7 for elevators and bike. The paper's other rows (SVGP 1536, ODVGP 1024 + 8096) have no
+# datasets, table 7 for elevators and bike (ODVGP 1024 + 8096 as odvgp_M+8M). The paper's SVGP 1536 row has no
 # counterpart here.
 PAPER = {
     "kin40k": {"svgp_M": (0.094, 0.003, 0.193, 0.001), "solvegp_M+M": (0.187, 0.002, 0.172, 0.001),
-               "odvgp_M+M": (0.137, 0.003, 0.183, 0.001), "svgp_2M": (0.137, 0.003, 0.177, 0.001)},
+               "odvgp_M+M": (0.137, 0.003, 0.183, 0.001), "svgp_2M": (0.137, 0.003, 0.177, 0.001),
+        "odvgp_M+8M": (0.144, 0.002, 0.180, 0.001)},
     "protein": {"svgp_M": (-0.963, 0.006, 0.630, 0.004), "solvegp_M+M": (-0.943, 0.005, 0.618, 0.004),
-                "odvgp_M+M": (-0.956, 0.005, 0.625, 0.004), "svgp_2M": (-0.940, 0.005, 0.615, 0.004)},
+                "odvgp_M+M": (-0.956, 0.005, 0.625, 0.004), "svgp_2M": (-0.940, 0.005, 0.615, 0.004),
+        "odvgp_M+8M": (-0.946, 0.005, 0.618, 0.004)},
     "keggdirected": {"svgp_M": (0.967, 0.005, 0.098, 0.003), "solvegp_M+M": (0.973, 0.003, 0.095, 0.002),
-                     "odvgp_M+M": (-0.199, 0.067, 0.176, 0.012), "svgp_2M": (0.907, 0.003, 0.100, 0.003)},
+                     "odvgp_M+M": (-0.199, 0.067, 0.176, 0.012), "svgp_2M": (0.907, 0.003, 0.100, 0.003),
+        "odvgp_M+8M": (-0.136, 0.063, 0.157, 0.009)},
     "keggundirected": {"svgp_M": (0.678, 0.004, 0.123, 0.001), "solvegp_M+M": (0.680, 0.003, 0.123, 0.001),
-                       "odvgp_M+M": (0.105, 0.033, 0.156, 0.004), "svgp_2M": (0.665, 0.004, 0.124, 0.001)},
+                       "odvgp_M+M": (0.105, 0.033, 0.156, 0.004), "svgp_2M": (0.665, 0.004, 0.124, 0.001),
+        "odvgp_M+8M": (0.109, 0.033, 0.157, 0.004)},
     "elevators": {"svgp_M": (-0.516, 0.006, 0.398, 0.004), "solvegp_M+M": (-0.509, 0.007, 0.395, 0.004),
-                  "odvgp_M+M": (-0.518, 0.006, 0.397, 0.004), "svgp_2M": (-0.507, 0.007, 0.395, 0.004)},
+                  "odvgp_M+M": (-0.518, 0.006, 0.397, 0.004), "svgp_2M": (-0.507, 0.007, 0.395, 0.004),
+        "odvgp_M+8M": (-0.523, 0.006, 0.399, 0.004)},
     "bike": {"svgp_M": (-0.218, 0.006, 0.283, 0.003), "solvegp_M+M": (-0.189, 0.006, 0.272, 0.003),
-             "odvgp_M+M": (-0.191, 0.006, 0.272, 0.003), "svgp_2M": (-0.193, 0.006, 0.276, 0.003)},
+             "odvgp_M+M": (-0.191, 0.006, 0.272, 0.003), "svgp_2M": (-0.193, 0.006, 0.276, 0.003),
+        "odvgp_M+8M": (-0.186, 0.006, 0.270, 0.003)},
 }
 PAPER_M = 1024
 
@@ -105,6 +116,8 @@ def build(kind, X, M, perm):
         return ps.SVGP(k, X[perm[:M]].clone(), lik, whiten=False, integrate_f=True)
     if kind == "svgp_2M":
         return ps.SVGP(k, X[perm[: 2 * M]].clone(), lik, whiten=False, integrate_f=True)
+    if kind == "odvgp_M+8M":  # J = M columns of K_vv per step (section 6.3: 1024 of 8096)
+        return ps.ODVGP(k, X[perm[:M]].clone(), X[perm[M : 9 * M]].clone(), lik, num_subsample=M, whiten=False)
     return ps.SOLVEGP(k, X[perm[:M]].clone(), X[perm[M : 2 * M]].clone(), lik, whiten=False, integrate_f=True,
                       odvgp=kind.startswith("odvgp"))
 
@@ -139,6 +152,8 @@ def main():
     p.add_argument("--split-offset", type=int, default=0, help="first split's seed")
     p.add_argument("--summarize", default=None, help="comma-separated JSON files of earlier runs: print their summary")
     p.add_argument("--estimate", action="store_true", help="time a few steps per model, print projected times, exit")
+    p.add_argument("--models", default=None, help=f"comma-separated, from {','.join(KINDS)} (default: all)")
+    p.add_argument("--timing", action="store_true", help="time ODVGP steps at M2 = 4M, 8M, 16M (J = M), exit")
     args = p.parse_args()
     setup(args)
     warnings.filterwarnings("ignore")
@@ -167,6 +182,15 @@ def main():
         print(f"(the paper's numbers are for M = {PAPER_M}; ours for M = {M}: compare orderings, not values)")
 
     elbo = "analytic" if args.objective == "analytic" else None
+    kinds = args.models.split(",") if args.models else KINDS
+    if set(kinds) - set(KINDS):
+        raise SystemExit(f"unknown models {sorted(set(kinds) - set(KINDS))}; choose from {KINDS}")
+    if args.timing:
+        Xn, yn = load(names[0])
+        X, y, _, _ = split(Xn, yn, 0, max_train)
+        rows = odvgp_timing(names[0], X, y, M)
+        write_json(args.json, rows)
+        return
 
     if args.estimate:
         total = 0.0
@@ -175,7 +199,7 @@ def main():
             X, y, _, _ = split(Xn, yn, 0, max_train)
             spe = math.ceil(len(X) / 1024)
             per_step = {}
-            for kind in KINDS:
+            for kind in kinds:
                 gp = build(kind, X, M, torch.randperm(len(X)))
                 t0 = time.perf_counter()
                 fit(gp, X, y, num_steps=1, batch_size=1024, progress=False, elbo=elbo)  # warm-up
@@ -186,7 +210,7 @@ def main():
             total += epoch_s * epochs * splits
             print(f"{name}: N_train {len(X)}, {spe} steps/epoch, s/step " +
                   ", ".join(f"{k} {v:.3f}" for k, v in per_step.items()) +
-                  f"; all four models {epoch_s:.1f} s/epoch -> {epoch_s * epochs * splits / 60:.1f} min")
+                  f"; all models {epoch_s:.1f} s/epoch -> {epoch_s * epochs * splits / 60:.1f} min")
         print(f"projected total: {total / 60:.1f} min")
         return
 
@@ -197,15 +221,16 @@ def main():
             X, y, Xt, yt = split(Xn, yn, s, max_train)
             steps = epochs * math.ceil(len(X) / 1024)
             perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(s))  # shared by the four models
-            for kind in KINDS:
+            for kind in kinds:
                 pyro.set_rng_seed(s)
                 gp = build(kind, X, M, perm)
                 t0 = time.perf_counter()
                 fit(gp, X, y, num_steps=steps, batch_size=1024, lr=0.01, progress=False, seed=s, elbo=elbo)
                 secs = time.perf_counter() - t0
                 ll, rmse = evaluate(gp, Xt, yt)
-                rows.append({"dataset": name, "model": kind, "M": M, "M2": 0 if kind.startswith("svgp") else M,
-                             "num_inducing": {"svgp_M": M, "svgp_2M": 2 * M}.get(kind, 2 * M), "split": s,
+                M2 = {"svgp_M": 0, "svgp_2M": 0, "odvgp_M+8M": 8 * M}.get(kind, M)
+                rows.append({"dataset": name, "model": kind, "M": M, "M2": M2, "J": M if kind == "odvgp_M+8M" else M2,
+                             "num_inducing": {"svgp_M": M, "svgp_2M": 2 * M}.get(kind, M + M2), "split": s,
                              "splits": splits, "epochs": epochs, "steps": steps, "batch": 1024, "N_train": len(X),
                              "N_test": len(Xt), "reduced": reduced, "objective": args.objective, "test_ll": ll,
                              "rmse": rmse, "train_s": secs,
@@ -215,6 +240,51 @@ def main():
                 write_json(args.json, rows)  # partial results survive an interrupted long run
     print("\n" + ("REDUCED " if reduced else "FULL ") + proto)
     write_json(args.json, rows + summarize(rows))
+
+
+def odvgp_timing(name, X, y, M, repeats=15, dense_repeats=3):
+    """Milliseconds per training step (closed-form bound on a minibatch of 1024, backward, Adam) of the subsampled
+    ODVGP at M2 = 4M, 8M, 16M with J = M columns, measured round-robin (median of ``repeats``) beside SVGP M, then the
+    dense ODVGP (``SOLVEGP(odvgp=True)``, cubic in M2) at the same M2 (``dense_repeats``); one row per family with the
+    ratios of consecutive doublings of M2."""
+    perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(0))
+    idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(1))[:1024]
+    Xb, yb = X[idx], y[idx]
+
+    def kernel():
+        return Matern32(X.shape[1], variance=torch.tensor(1.0), lengthscale=torch.tensor(1.0))
+
+    def stepper(gp):
+        opt = torch.optim.Adam(gp.parameters(), lr=0.01)
+
+        def step():
+            opt.zero_grad()
+            (-gp.analytic_elbo(Xb, yb, num_data=len(X))).backward()
+            opt.step()
+        return step
+
+    Z, factors = X[perm[:M]], (4, 8, 16)
+    fns = {f"{f}M": stepper(ps.ODVGP(kernel(), Z.clone(), X[perm[M : (f + 1) * M]].clone(), ps.Gaussian(0.1),
+                                     num_subsample=M, whiten=False)) for f in factors}
+    fns["svgp_M"] = stepper(ps.SVGP(kernel(), Z.clone(), ps.Gaussian(0.1), whiten=False))
+    ms = time_alternating(fns, repeats)
+    dense = time_alternating({f"{f}M": stepper(ps.SOLVEGP(kernel(), Z.clone(), X[perm[M : (f + 1) * M]].clone(),
+                                                          ps.Gaussian(0.1), whiten=False, odvgp=True))
+                              for f in factors}, dense_repeats, warmup=1)
+    rows = []
+    for model, t, reps in (("odvgp_subsampled", ms, repeats), ("odvgp_dense", dense, dense_repeats)):
+        row = {"dataset": name, "model": model, "M": M, "J": M if model == "odvgp_subsampled" else "all",
+               "batch": 1024, "N_train": len(X), "repeats": reps, "threads": torch.get_num_threads(),
+               "svgp_M_ms": ms["svgp_M"]}
+        row.update({f"ms_M2_{f}M": t[f"{f}M"] for f in factors})
+        row["ratio_8M_4M"], row["ratio_16M_8M"] = t["8M"] / t["4M"], t["16M"] / t["8M"]
+        rows.append(row)
+    print(table(rows, ["model", "M", "J", "ms_M2_4M", "ms_M2_8M", "ms_M2_16M", "ratio_8M_4M", "ratio_16M_8M",
+                       "svgp_M_ms"]))
+    r = rows[0]
+    ok = max(r["ratio_8M_4M"], r["ratio_16M_8M"]) < 1.3
+    print(f"subsampled ODVGP step time grows {'less' if ok else 'MORE'} than 1.3x per doubling of M2 at M = {M}")
+    return rows
 
 
 def summarize(rows):
@@ -236,7 +306,8 @@ def summarize(rows):
                 "test_ll": float(a[:, 0].mean()), "ll_se": se(a[:, 0]), "paper_ll": fmt_paper(name, kind, 0),
                 "rmse": float(a[:, 1].mean()), "rmse_se": se(a[:, 1]), "paper_rmse": fmt_paper(name, kind, 2),
             })
-    print(f"model names: svgp_M = SVGP M, solvegp_M+M = SOLVE-GP M + M, odvgp_M+M = ODVGP M + M, svgp_2M = SVGP 2M; "
+    print(f"model names: svgp_M = SVGP M, solvegp_M+M = SOLVE-GP M + M, odvgp_M+M = ODVGP M + M, svgp_2M = SVGP 2M, "
+          f"odvgp_M+8M = ODVGP M + 8M (J = M columns); "
           f"paper columns: M = {PAPER_M} (table 2 / table 6; table 7 for elevators, bike); se: standard error over "
           "splits (nan with one split)")
     print(table(summary, ["dataset", "model", "M", "epochs", "splits", "N_train", "test_ll", "ll_se", "paper_ll",
@@ -255,6 +326,14 @@ def summarize(rows):
         print(f"  {name:15s} ours: d(test LL) {dll:+.3f}, d(RMSE) {drmse:+.3f} -> "
               f"{'holds' if dll >= 0 and drmse <= 0 else 'does NOT hold' if dll < 0 and drmse > 0 else 'mixed'}"
               f"; paper: {paper}; best test LL here: {best}")
+    print("\nordering of test LL, SVGP M < ODVGP M + 8M (subsampled) <= SOLVE-GP M + M (paper at M = 1024, kin40k: "
+          "0.094 < 0.144 <= 0.187):")
+    for name in names:
+        r = {x["model"]: x["test_ll"] for x in summary if x["dataset"] == name}
+        if not {"svgp_M", "odvgp_M+8M", "solvegp_M+M"} <= set(r):
+            continue
+        a, b, c = r["svgp_M"], r["odvgp_M+8M"], r["solvegp_M+M"]
+        print(f"  {name:15s} {a:.3f} / {b:.3f} / {c:.3f} -> {'holds' if a < b <= c else 'does NOT hold'}")
     return summary
 
 

@@ -28,12 +28,14 @@ from .layers import SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
 from .likelihoods_multiclass import RobustMax, Softmax
 from .linalg import CholeskyJitterWarning
+from .odvgp import ODVGP
 from .solvegp import SOLVEGP
 
 __version__ = "0.1.0"
 __all__ = [
     "SVGP",
     "SOLVEGP",
+    "ODVGP",
     "DeepGP",
     "ConvKernel",
     "TICK",
