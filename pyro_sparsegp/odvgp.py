@@ -59,6 +59,7 @@ from torch.distributions import constraints
 from . import conditionals as cond
 from . import inducing as ind
 from .composition import layer_method
+from .inputs import as_tensor
 from .kernels import kernel_matrix
 from .layers import SVGP
 from .linalg import whitened_marginals
@@ -87,10 +88,11 @@ class ODVGP(SVGP):
     Pyro ``model``/``guide`` pair is not provided (sampling ``q(v⊥)`` would need ``chol(C_vv)``, cubic in ``M2``).
     """
 
-    def __init__(self, kernel, Z, O, likelihood=None, num_subsample=None, whiten=True, name="gp", jitter=None,
+    def __init__(self, kernel, Z, O, likelihood=None, num_subsample=None, whiten=True, name=None, jitter=None,
                  mean_function=None):
-        if not torch.is_tensor(Z):
-            raise ValueError("ODVGP takes inducing points (tensors Z [M, D] and O [M2, D]) only")
+        if isinstance(Z, ind.InducingVariables) or isinstance(O, ind.InducingVariables):
+            raise ValueError("ODVGP takes inducing points (Z [M, D] and O [M2, D]: tensors, arrays, lists) only")
+        Z, O = as_tensor(Z, "Z"), as_tensor(O, "O")
         if Z.dim() != 2:
             raise ValueError(f"ODVGP has a single output: Z must be [M, D], got shape {tuple(Z.shape)}")
         super().__init__(kernel, Z, likelihood, None, whiten, name, False, jitter, mean_function)
@@ -176,7 +178,7 @@ class ODVGP(SVGP):
         ``y [B]``: ``num_data / B * sum_n E_q[log p(y_n | f_n)] - KL_u - KL_v``, with ``a^T K_vv a`` in ``KL_v``
         estimated from the columns ``columns`` (``None``: ``num_subsample`` drawn afresh; module docstring).
         Unbiased for the full-data, exact bound, and so is its gradient. ``()``. What ``fit`` maximises."""
-        self._check_data(X, y, purpose="elbo")
+        X, y = self.check_inputs(X, y, purpose="elbo")
         loc, var, Luu, b = self._terms(X)
         scale = (num_data or X.shape[-2]) / X.shape[-2]
         lld = scale * self.likelihood.expected_log_prob(y, loc, var).sum()
