@@ -62,6 +62,7 @@ from .composition import layer_method
 from .inputs import as_tensor
 from .kernels import kernel_matrix
 from .layers import SVGP
+from .solvegp import OrthogonalInputs
 from .linalg import whitened_marginals
 from .validation import check_orthogonal_inputs
 
@@ -70,7 +71,7 @@ __all__ = ["ODVGP"]
 _CHUNK = 1 << 22  # elements of a kernel block [rows, M2] formed at once by the exact (J = M2) quadratic form
 
 
-class ODVGP(SVGP):
+class ODVGP(OrthogonalInputs, SVGP):
     r"""ODVGP (Salimbeni et al. 2018) as SOLVE-GP with :math:`q(v_\perp) = N(C_{vv}a, C_{vv})` (module docstring),
     trained on a column-subsampled estimate of the bound (eq. 8 of Shi, Titsias, Mnih 2020), linear in ``M2``.
 
@@ -105,15 +106,6 @@ class ODVGP(SVGP):
         self.orthogonal = ind.InducingPoints(O)
         self.num_subsample = None if num_subsample is None else int(num_subsample)
         self.a = PyroParam(torch.zeros(O.shape[0], dtype=O.dtype, device=O.device), constraints.real)
-
-    @property
-    def O(self) -> torch.Tensor:  # noqa: E743 (the paper's name)
-        """The orthogonal inducing inputs ``[M2, D]``: ``self.orthogonal.Z``."""
-        return self.orthogonal.Z
-
-    @O.setter
-    def O(self, value):  # noqa: E743
-        self.orthogonal.Z = value
 
     # -- the bound's pieces ------------------------------------------------------------------------------------------
     def _terms(self, X):

@@ -57,7 +57,24 @@ from .variational import GaussianQ
 __all__ = ["SOLVEGP"]
 
 
-class SOLVEGP(SVGP):
+class OrthogonalInputs:
+    """``O``, the orthogonal inducing inputs (or patches) ``[(L,) M2, d]`` of a layer with an ``orthogonal``
+    inducing variable (SOLVE-GP, ODVGP): ``self.orthogonal.Z`` under the papers' name."""
+
+    @property
+    def O(self) -> torch.Tensor:  # noqa: E743 (the paper's name)
+        return self.orthogonal.Z
+
+    @O.setter
+    def O(self, value):  # noqa: E743
+        self.orthogonal.Z = value
+
+    @O.deleter
+    def O(self):  # noqa: E743
+        del self.orthogonal.Z
+
+
+class SOLVEGP(OrthogonalInputs, SVGP):
     r"""SVGP with ``M`` inducing points ``Z`` plus ``M2`` orthogonal inducing points ``O``.
 
     :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel`.
@@ -100,19 +117,6 @@ class SOLVEGP(SVGP):
                 scale_tril = self._factors()[1]  # not the layer method: the module may still be nested
         self.q_v = GaussianQ(M2, num_outputs, scale_tril, learn_scale=not odvgp)
         self._cross_probe = None  # set by the joint natural-gradient step (see _cross_var)
-
-    @property
-    def O(self) -> torch.Tensor:  # noqa: E743 (the paper's name)
-        """The orthogonal inducing inputs (or patches) ``[(L,) M2, d]``: ``self.orthogonal.Z``."""
-        return self.orthogonal.Z
-
-    @O.setter
-    def O(self, value):  # noqa: E743
-        self.orthogonal.Z = value
-
-    @O.deleter
-    def O(self):  # noqa: E743
-        del self.orthogonal.Z
 
     @torch.no_grad()
     def to_svgp(self, name: str | None = None) -> SVGP:
