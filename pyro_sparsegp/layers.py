@@ -562,7 +562,8 @@ class SVGP(PyroModule):
         draws, not independent marginals): ``[num_samples, N]`` or ``[num_samples, N, L]``."""
         X, _ = self.check_inputs(X, None)
         mean, cov = self.qf_full(X)
-        L = cholesky(0.5 * (cov + cov.mT), self.jitter, warn_singular=False)  # low-rank by nature: harmless
+        # low-rank by nature: a raised jitter only adds a little independent noise to the draws
+        L = cholesky(0.5 * (cov + cov.mT), self.jitter, warn_singular=False, warn_jitter=False)
         eps = torch.randn((num_samples,) + mean.shape, dtype=mean.dtype, device=mean.device)
         f = mean + (L @ eps.unsqueeze(-1)).squeeze(-1)
         return f.movedim(-2, -1) if self.num_outputs is not None else f

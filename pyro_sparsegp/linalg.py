@@ -125,7 +125,11 @@ def add_diag(A: torch.Tensor, value) -> torch.Tensor:
 
 
 def cholesky(
-    A: torch.Tensor, jitter: float | None = None, max_tries: int = 6, warn_singular: bool | str = True
+    A: torch.Tensor,
+    jitter: float | None = None,
+    max_tries: int = 6,
+    warn_singular: bool | str = True,
+    warn_jitter: bool = True,
 ) -> torch.Tensor:
     """Lower Cholesky factor of a batch of symmetric positive-definite matrices with jitter escalation.
 
@@ -138,6 +142,8 @@ def cholesky(
         the jitter is harmless and no advice would be true: a whitened ``Kuu`` (and SOLVE-GP's ``Cvv``), whose
         inverse no term of the whitened bound uses (the jitter adds a negligible independent variance to ``u``),
         and the full posterior covariance of many test points, low-rank by nature.
+    :param warn_jitter: emit :class:`CholeskyJitterWarning` when the jitter had to be raised; ``False`` where that
+        is expected and harmless (the posterior covariance of many test points in float32).
     :returns: ``L`` ``[..., M, M]`` with ``L @ L.mT = A + jitter * mean(diag A) * I``.
     :raises torch.linalg.LinAlgError: if the matrix is not positive definite even with the largest jitter.
 
@@ -161,7 +167,7 @@ def cholesky(
     for attempt in range(max_tries + 1):
         L, info = torch.linalg.cholesky_ex(add_diag(A, eps * scale))
         if not bool((info > 0).any()):
-            if attempt > 0:
+            if attempt > 0 and warn_jitter:
                 _warn_once(
                     ("jitter", A.shape[-1], A.dtype, eps),
                     f"cholesky: matrix of size {A.shape[-1]} was not numerically positive definite; "
