@@ -193,8 +193,9 @@ def test_every_deep_gp_layer_takes_natural_steps(store, lik):
     elbo = TraceMeanField_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=2)
     before = [_qu(layer) for layer in dgp.layers]
     SVI(dgp.model, dgp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=0.05), elbo).step(X, y)
-    for layer, b in zip(dgp.layers, before, strict=True):  # Adam with lr 0 moved nothing: natural steps did
-        assert _changed(layer.q_u, b), layer.name
+    for layer, b in zip(dgp.layers, before, strict=True):  # Adam with lr 0 moves nothing: natural steps did
+        # (the hidden layer's mean has a zero gradient at this start, where the last layer's mean is zero)
+        assert not torch.allclose(layer.q_u.u_scale_tril @ layer.q_u.u_scale_tril.mT, b[1]), layer.name
     svi = SVI(dgp.model, dgp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.05), elbo)
     steps = 20 if lik == "gaussian" else 30
     losses = [svi.step(X, y) for _ in range(steps)]
