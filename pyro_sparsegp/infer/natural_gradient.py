@@ -108,11 +108,13 @@ class NaturalGradient(PyroOptim):
             self.optim(rest, *args, **kwargs)
 
     def get_state(self) -> dict:
-        """The wrapped optimiser's state, ``{parameter name: optimiser state dict}`` (as ``PyroOptim.get_state``)."""
+        """The wrapped optimiser's state, ``{parameter name: optimiser state dict}`` (as ``PyroOptim.get_state``; a
+        dict, not a tensor, so shapes do not apply; Salimbeni et al. 2018's hybrid keeps no state of its own)."""
         return self.optim.get_state()
 
     def set_state(self, state_dict: dict) -> None:
-        """Restore a state from :meth:`get_state` into the wrapped optimiser (consumed as its parameters reappear)."""
+        """Restore a state from :meth:`get_state` into the wrapped optimiser (consumed as its parameters reappear; a
+        dict, not a tensor, so shapes do not apply; Salimbeni et al. 2018's hybrid keeps no state of its own)."""
         self.optim.set_state(state_dict)
 
     def __repr__(self) -> str:
