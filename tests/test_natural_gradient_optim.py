@@ -60,7 +60,7 @@ def _dense_optimum(gp, X, y):
 
 
 def _qu(gp):
-    q = gp.q_u
+    q = getattr(gp, "q_u", gp)  # a layer or a family
     return q.u_loc.detach().clone(), (q.u_scale_tril @ q.u_scale_tril.mT).detach().clone()
 
 
@@ -257,3 +257,26 @@ def test_the_wrapped_optimisers_state_round_trips(tmp_path):
             assert got.keys() == state.keys()
             for name in state:
                 assert int(got[name]["state"][0]["step"]) == steps[name] + 1  # resumed, not restarted
+
+
+@pytest.mark.parametrize("odvgp", [False, True], ids=["solvegp", "odvgp"])
+def test_solvegp_families_take_natural_steps_and_odvgps_mean_goes_to_the_wrapped_optimiser(odvgp):
+    """SOLVE-GP: q(u) and the full-covariance q(v⊥) both take a natural step (the factors' own steps, as fit does
+    with a Pyro ELBO) although the wrapped Adam has lr 0; ODVGP's mean-only q(v⊥) is no such family: it stays with
+    the wrapped optimiser (lr 0: unchanged) while q(u) takes its step."""
+    X, y = _data()
+    g = torch.Generator().manual_seed(5)
+    O = (torch.rand(4, D, generator=g) * 4 - 2).to(X.dtype)
+    gp = ps.SOLVEGP(RBF(D), _gp().Z, O, ps.Gaussian(0.1), integrate_f=True, odvgp=odvgp)
+    before = {name: _qu_or_mean(getattr(gp, name)) for name in ("q_u", "q_v")}
+    elbo = TraceMeanField_ELBO(num_particles=64, vectorize_particles=True, max_plate_nesting=1)
+    SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=0.05), elbo).step(X, y)
+    assert _changed(gp.q_u, before["q_u"])
+    if odvgp:
+        torch.testing.assert_close(gp.q_v.u_loc, before["q_v"][0])
+    else:
+        assert _changed(gp.q_v, before["q_v"])
+
+
+def _qu_or_mean(q):
+    return _qu(q) if q.learn_scale else (q.u_loc.detach().clone(), None)
