@@ -280,3 +280,29 @@ def test_solvegp_families_take_natural_steps_and_odvgps_mean_goes_to_the_wrapped
 
 def _qu_or_mean(q):
     return _qu(q) if q.learn_scale else (q.u_loc.detach().clone(), None)
+
+
+@pytest.mark.float64
+@STORES
+def test_with_num_obs_the_noise_takes_fits_fisher_step(store):
+    """NaturalGradient(..., num_obs=N) steps a learnable Gaussian noise as fit does (noise_step_from_grads_): one SVI
+    step equals one fit step with elbo=TraceMeanField_ELBO() (deterministic here: u integrated out of the likelihood)
+    in q(u), the noise and the kernel; without num_obs the noise is Adam's (it moves by about Adam's lr in log-space,
+    far less than the Fisher step of length 1, which lands on the optimum S/n given q(f))."""
+    X, y = _data()
+    runs = {}
+    for how in ("optim", "fit", "adam"):
+        dgp = DeepGP([_gp(noise=0.5)], marginalize_last=True)
+        if how == "fit":
+            fit(dgp, X, y, num_steps=1, batch_size=N, lr=0.01, natgrad_lr=1.0, elbo=TraceMeanField_ELBO(),
+                progress=False)
+        else:
+            opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), 1.0, num_obs=N if how == "optim" else None)
+            SVI(dgp.model, dgp.guide, opt, TraceMeanField_ELBO()).step(X, y)
+        gp = dgp.last
+        runs[how] = (*_qu(gp), gp.likelihood.noise.detach().clone(), gp.kernel.lengthscale.detach().clone())
+    for got, want in zip(runs["optim"], runs["fit"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert abs(math.log(runs["adam"][2] / 0.5)) < 0.02 < abs(math.log(runs["optim"][2] / 0.5))
+    with pytest.raises(ValueError, match="num_obs"):
+        NaturalGradient(pyro.optim.Adam({"lr": 0.01}), 0.1, num_obs=0)

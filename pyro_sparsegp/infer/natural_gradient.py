@@ -16,17 +16,21 @@ both with Pyro's global parameter store and with ``pyro.settings.set(module_loca
 
 SOLVE-GP's pair takes the factors' separate steps, as ``fit`` does with a Pyro ELBO: the joint mean step
 (:func:`~pyro_sparsegp.infer.natgrad.solvegp_joint_natgrad_from_grads_`) needs a probe set before the forward pass,
-which an optimiser called after the backward pass cannot set. A Gaussian likelihood's noise goes to the wrapped
-optimiser (``fit``'s Fisher-scoring noise step needs the number of observations, which SVI does not pass).
+which an optimiser called after the backward pass cannot set. A learnable :class:`~pyro_sparsegp.Gaussian` noise goes
+to the wrapped optimiser, or, given ``num_obs`` (the number of observations, which SVI does not pass), takes ``fit``'s
+Fisher-scoring step (:func:`~pyro_sparsegp.infer.natgrad.noise_step_from_grads_`).
 """
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from pyro.optim import PyroOptim
 
+from ..likelihoods import live_gaussian_likelihoods
 from ..variational import live_gaussian_families
-from .natgrad import check_natgrad_lr, natgrad_from_grads_
+from .natgrad import check_natgrad_lr, natgrad_from_grads_, noise_step_from_grads_
 
 __all__ = ["NaturalGradient"]
 
@@ -63,6 +67,14 @@ def split_families(params, families) -> tuple[list, set]:
     return stepped, claimed
 
 
+def _noises(params) -> list:
+    """The :class:`~pyro_sparsegp.Gaussian` likelihoods whose learnable noise (a ``PyroParam``, scalar ``()``; not a
+    ``PyroSample``) is among ``params`` with a gradient: the Fisher-scoring step of Hensman et al. 2013, eq. 4."""
+    given = {id(p) for p in params if p.grad is not None}
+    return [lik for lik in live_gaussian_likelihoods()
+            if "noise" in lik._pyro_params and id(lik._parameters.get("noise_unconstrained")) in given]
+
+
 class NaturalGradient(PyroOptim):
     r"""Natural-gradient steps of length ``natgrad_lr`` on the full-covariance Gaussian families
     :math:`q(u) = N(m, LL^T)` (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``) that received gradients, the
@@ -78,12 +90,16 @@ class NaturalGradient(PyroOptim):
     :param families: the ``GaussianQ`` modules to step (e.g. ``ps.infer.natgrad_families(dgp)``: a DeepGP's last
         layer only), or ``None`` (default): every full-covariance ``GaussianQ`` alive whose parameters SVI passes.
         Families left out are trained by ``optim``.
+    :param int num_obs: the number of scalar observations the ELBO's likelihood term stands for (``N`` for ``y
+        [N]``, ``N L`` for ``y [N, L]``): a learnable ``Gaussian`` noise with a gradient then takes the
+        Fisher-scoring step of length ``natgrad_lr`` that ``fit`` takes (``noise_step_from_grads_``). ``None``
+        (default): the noise goes to ``optim``.
 
     ``get_state``/``set_state``/``save``/``load`` are the wrapped optimiser's (the natural-gradient steps keep no
     state).
     """
 
-    def __init__(self, optim: PyroOptim, natgrad_lr: float = 0.1, families=None):
+    def __init__(self, optim: PyroOptim, natgrad_lr: float = 0.1, families=None, num_obs: int | None = None):
         # no PyroOptim.__init__: this object holds no torch optimiser of its own, the wrapped one does
         if not isinstance(optim, PyroOptim) or isinstance(optim, NaturalGradient):
             raise TypeError(
@@ -94,6 +110,11 @@ class NaturalGradient(PyroOptim):
         self.optim = optim
         self.natgrad_lr = check_natgrad_lr(natgrad_lr)
         self.families = None if families is None else list(families)
+        if num_obs is not None and (isinstance(num_obs, bool) or not isinstance(num_obs, numbers.Integral)
+                                    or num_obs < 1):
+            raise ValueError(f"num_obs must be a positive integer (the number of observations) or None, got "
+                             f"{num_obs!r}")
+        self.num_obs = num_obs
 
     def __call__(self, params, *args, **kwargs) -> None:
         """One step: ``params`` is SVI's collection of unconstrained parameter tensors (gradients of the loss in
@@ -103,6 +124,9 @@ class NaturalGradient(PyroOptim):
         stepped, claimed = split_families(params, families)
         for q in stepped:
             natgrad_from_grads_(q, self.natgrad_lr)
+        for lik in _noises(params) if self.num_obs is not None else ():
+            noise_step_from_grads_(lik, self.natgrad_lr, self.num_obs)
+            claimed.add(id(lik.noise_unconstrained))
         rest = [p for p in params if id(p) not in claimed]
         if rest:
             self.optim(rest, *args, **kwargs)
