@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 
 import pyro
 import pyro.distributions as dist
@@ -27,6 +28,14 @@ from .composition import seed_context
 from .linalg import gauss_hermite
 
 __all__ = ["Likelihood", "Gaussian", "Bernoulli", "PolyaGammaLogit"]
+
+_LIVE_GAUSSIAN = weakref.WeakSet()  # every Gaussian likelihood alive: NaturalGradient's noise step finds them here
+
+
+def live_gaussian_likelihoods() -> list:
+    """The :class:`Gaussian` likelihoods alive in this process (weak references), each with a scalar ``()`` noise:
+    those whose noise :class:`~pyro_sparsegp.infer.NaturalGradient` may step (Hensman, Fusi, Lawrence 2013, eq. 4)."""
+    return list(_LIVE_GAUSSIAN)
 
 
 def _check_finite(name, t):
@@ -158,6 +167,12 @@ class Gaussian(Likelihood):
                 "e.g. Gaussian(noise=0.1)"
             )
         self.noise = PyroParam(torch.as_tensor(noise, dtype=torch.get_default_dtype()), constraints.positive)
+        _LIVE_GAUSSIAN.add(self)
+
+    def __setstate__(self, state):
+        """Unpickling and ``copy.deepcopy`` (which bypass ``__init__``) register the copy too (noise ``()``)."""
+        super().__setstate__(state)
+        _LIVE_GAUSSIAN.add(self)
 
     def distribution(self, f):
         return dist.Normal(f, self.noise.sqrt())

@@ -9,6 +9,8 @@ them. :func:`to_natural` / :func:`from_natural` map between ``(m, L)`` and the n
 
 from __future__ import annotations
 
+import weakref
+
 import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule, PyroParam
@@ -16,7 +18,17 @@ from torch.distributions import constraints
 
 from .linalg import cholesky
 
-__all__ = ["GaussianQ", "to_natural", "from_natural"]
+__all__ = ["GaussianQ", "to_natural", "from_natural", "live_gaussian_families"]
+
+_LIVE = weakref.WeakSet()  # every GaussianQ alive (built, copied or unpickled): NaturalGradient's registry
+
+
+def live_gaussian_families() -> list:
+    """The full-covariance :class:`GaussianQ` objects alive in this process (``learn_scale=True``; weak references, so
+    a family that is no longer referenced drops out). :class:`~pyro_sparsegp.infer.NaturalGradient` matches the
+    parameters SVI hands it against these. Returns a list of modules (``u_loc [..., M]``, ``u_scale_tril
+    [..., M, M]``): the families whose natural parameters Hensman, Fusi, Lawrence 2013, section 3.2, step."""
+    return [q for q in list(_LIVE) if q.__dict__.get("learn_scale", False)]
 
 
 class GaussianQ(PyroModule):
@@ -51,6 +63,12 @@ class GaussianQ(PyroModule):
             scale_tril = scale_tril.expand(batch + (M, M)).clone()
             self.u_scale_tril = PyroParam(scale_tril, constraints.lower_cholesky)
         self.num_outputs = num_outputs
+        _LIVE.add(self)
+
+    def __setstate__(self, state):
+        """Unpickling and ``copy.deepcopy`` (which bypass ``__init__``) register the copy too (shapes as built)."""
+        super().__setstate__(state)
+        _LIVE.add(self)
 
     def forward(self, scale_tril: torch.Tensor | None = None) -> dist.MultivariateNormal:
         """``learn_scale=False`` families (a mean only, e.g. ODVGP's q(v)) take their fixed ``scale_tril`` here."""

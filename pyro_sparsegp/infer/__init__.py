@@ -16,6 +16,7 @@ from .natgrad import (
     solvegp_joint_natgrad_from_grads_,
     solvegp_natgrad_step,
 )
+from .natural_gradient import NaturalGradient
 
 __all__ = [
     "fit_ep",
@@ -31,6 +32,7 @@ __all__ = [
     "EpochBatchSampler",
     "save_checkpoint",
     "load_checkpoint",
+    "NaturalGradient",
     "natgrad_step",
     "gaussian_natgrad_step",
     "polya_gamma_natgrad_step",

@@ -1,0 +1,145 @@
+r"""A Pyro optimiser that takes natural-gradient steps on the Gaussian variational families and hands every other
+parameter to an ordinary Pyro optimiser: the NGD + Adam hybrid of Salimbeni, Eleftheriadis, Hensman (2018), "Natural
+gradients in practice", for any ``SVI`` program::
+
+    svi = SVI(model, guide, ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1), Trace_ELBO())
+
+``SVI.step`` computes the gradients of the loss :math:`\ell = -\mathcal{L}` and calls the optimiser with the
+unconstrained parameters of the trace. Each full-covariance :class:`~pyro_sparsegp.variational.GaussianQ` alive in
+the process (SVGP's ``q_u``, SOLVE-GP's ``q_u`` and ``q_v``, every DeepGP layer's ``q_u``; found through a registry
+of weak references, :func:`~pyro_sparsegp.variational.live_gaussian_families`) whose ``u_loc`` and ``u_scale_tril``
+arrive with gradients takes the step of :func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_` (Hensman, Fusi,
+Lawrence 2013, section 3.2, from the backward pass SVI already made: no second forward pass); the rest (kernel
+hyperparameters, inducing inputs, autoguide parameters created at the first step, user ``PyroParam`` s) goes to the
+wrapped optimiser. A family is recognised by the identity of its unconstrained tensors, which is what SVI hands over
+both with Pyro's global parameter store and with ``pyro.settings.set(module_local_params=True)``.
+
+SOLVE-GP's pair takes the factors' separate steps, as ``fit`` does with a Pyro ELBO: the joint mean step
+(:func:`~pyro_sparsegp.infer.natgrad.solvegp_joint_natgrad_from_grads_`) needs a probe set before the forward pass,
+which an optimiser called after the backward pass cannot set. A learnable :class:`~pyro_sparsegp.Gaussian` noise goes
+to the wrapped optimiser, or, given ``num_obs`` (the number of observations, which SVI does not pass), takes ``fit``'s
+Fisher-scoring step (:func:`~pyro_sparsegp.infer.natgrad.noise_step_from_grads_`).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from pyro.optim import PyroOptim
+
+from ..likelihoods import live_gaussian_likelihoods
+from ..variational import live_gaussian_families
+from .natgrad import check_natgrad_lr, natgrad_from_grads_, noise_step_from_grads_
+
+__all__ = ["NaturalGradient"]
+
+_NAMES = ("u_loc", "u_scale_tril")
+
+
+def _raw(q, name):
+    """The unconstrained tensor behind ``q.<name>`` (the one in Pyro's store too, once the module has run)."""
+    return q._parameters.get(f"{name}_unconstrained")
+
+
+def split_families(params, families) -> tuple[list, set]:
+    """``(stepped, claimed)``: the families among ``families`` whose parameters are among ``params`` with a gradient,
+    and the ``id`` s of their unconstrained tensors (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``). A family with a
+    gradient in one of the two only raises ``ValueError`` (a natural-gradient step needs both: Hensman, Fusi,
+    Lawrence 2013, section 3.2); a family with no gradient in either is left alone (and not claimed)."""
+    given = {id(p): p for p in params}
+    stepped, claimed = [], set()
+    for q in families:
+        raws = [_raw(q, n) for n in _NAMES]
+        graded = [r is not None and id(r) in given and r.grad is not None for r in raws]
+        if not any(graded):
+            continue
+        if not all(graded):
+            have = [n for n, g in zip(_NAMES, graded, strict=True) if g]
+            lack = [n for n, g in zip(_NAMES, graded, strict=True) if not g]
+            raise ValueError(
+                f"NaturalGradient: the Gaussian family {q._pyro_name or type(q).__name__!r} received a gradient in "
+                f"{have} but not in {lack}; a natural-gradient step needs both (is one of them blocked, hidden from "
+                "the trace or frozen with requires_grad_(False)?). Unfreeze it, or pass families=[...] without it "
+                "so that the wrapped optimiser trains it.")
+        stepped.append(q)
+        claimed.update(id(r) for r in raws)
+    return stepped, claimed
+
+
+def _noises(params) -> list:
+    """The :class:`~pyro_sparsegp.Gaussian` likelihoods whose learnable noise (a ``PyroParam``, scalar ``()``; not a
+    ``PyroSample``) is among ``params`` with a gradient: the Fisher-scoring step of Hensman et al. 2013, eq. 4."""
+    given = {id(p) for p in params if p.grad is not None}
+    return [lik for lik in live_gaussian_likelihoods()
+            if "noise" in lik._pyro_params and id(lik._parameters.get("noise_unconstrained")) in given]
+
+
+class NaturalGradient(PyroOptim):
+    r"""Natural-gradient steps of length ``natgrad_lr`` on the full-covariance Gaussian families
+    :math:`q(u) = N(m, LL^T)` (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``) that received gradients, the
+    wrapped Pyro optimiser on every other parameter: Hensman, Fusi, Lawrence (2013), section 3.2, for the families,
+    and the NGD + Adam hybrid of Salimbeni, Eleftheriadis, Hensman (2018) as a whole (module docstring).
+
+    A step of length 1 with a deterministic ELBO of a Gaussian likelihood on the full data (e.g. ``TraceMeanField_ELBO``
+    with ``u`` integrated out of the likelihood, as :class:`~pyro_sparsegp.DeepGP`'s ``marginalize_last`` does) lands
+    on the optimal q(u); with a Monte Carlo ELBO each step uses the sampled gradient (use ``natgrad_lr`` well below 1).
+
+    :param optim: a :class:`pyro.optim.PyroOptim` (e.g. ``pyro.optim.Adam({"lr": 0.01})``) for the other parameters.
+    :param float natgrad_lr: step length :math:`\rho` in ``(0, 1]``.
+    :param families: the ``GaussianQ`` modules to step (e.g. ``ps.infer.natgrad_families(dgp)``: a DeepGP's last
+        layer only), or ``None`` (default): every full-covariance ``GaussianQ`` alive whose parameters SVI passes.
+        Families left out are trained by ``optim``.
+    :param int num_obs: the number of scalar observations the ELBO's likelihood term stands for (``N`` for ``y
+        [N]``, ``N L`` for ``y [N, L]``): a learnable ``Gaussian`` noise with a gradient then takes the
+        Fisher-scoring step of length ``natgrad_lr`` that ``fit`` takes (``noise_step_from_grads_``). ``None``
+        (default): the noise goes to ``optim``.
+
+    ``get_state``/``set_state``/``save``/``load`` are the wrapped optimiser's (the natural-gradient steps keep no
+    state).
+    """
+
+    def __init__(self, optim: PyroOptim, natgrad_lr: float = 0.1, families=None, num_obs: int | None = None):
+        # no PyroOptim.__init__: this object holds no torch optimiser of its own, the wrapped one does
+        if not isinstance(optim, PyroOptim) or isinstance(optim, NaturalGradient):
+            raise TypeError(
+                f"NaturalGradient wraps a pyro.optim.PyroOptim for the parameters that are not Gaussian families, "
+                f"e.g. NaturalGradient(pyro.optim.Adam({{'lr': 0.01}}), natgrad_lr=0.1); got {type(optim).__name__}"
+                + (" (a torch.optim class: use its pyro.optim wrapper)" if isinstance(optim, type) or isinstance(
+                    optim, torch.optim.Optimizer) else ""))
+        self.optim = optim
+        self.natgrad_lr = check_natgrad_lr(natgrad_lr)
+        self.families = None if families is None else list(families)
+        if num_obs is not None and (isinstance(num_obs, bool) or not isinstance(num_obs, numbers.Integral)
+                                    or num_obs < 1):
+            raise ValueError(f"num_obs must be a positive integer (the number of observations) or None, got "
+                             f"{num_obs!r}")
+        self.num_obs = num_obs
+
+    def __call__(self, params, *args, **kwargs) -> None:
+        """One step: ``params`` is SVI's collection of unconstrained parameter tensors (gradients of the loss in
+        ``.grad``). The natural-gradient steps, then the wrapped optimiser on the parameters left over."""
+        params = list(params)
+        families = live_gaussian_families() if self.families is None else self.families
+        stepped, claimed = split_families(params, families)
+        for q in stepped:
+            natgrad_from_grads_(q, self.natgrad_lr)
+        for lik in _noises(params) if self.num_obs is not None else ():
+            noise_step_from_grads_(lik, self.natgrad_lr, self.num_obs)
+            claimed.add(id(lik.noise_unconstrained))
+        rest = [p for p in params if id(p) not in claimed]
+        if rest:
+            self.optim(rest, *args, **kwargs)
+
+    def get_state(self) -> dict:
+        """The wrapped optimiser's state, ``{parameter name: optimiser state dict}`` (as ``PyroOptim.get_state``; a
+        dict, not a tensor, so shapes do not apply; Salimbeni et al. 2018's hybrid keeps no state of its own)."""
+        return self.optim.get_state()
+
+    def set_state(self, state_dict: dict) -> None:
+        """Restore a state from :meth:`get_state` into the wrapped optimiser (consumed as its parameters reappear; a
+        dict, not a tensor, so shapes do not apply; Salimbeni et al. 2018's hybrid keeps no state of its own)."""
+        self.optim.set_state(state_dict)
+
+    def __repr__(self) -> str:
+        return f"NaturalGradient({type(self.optim).__name__}, natgrad_lr={self.natgrad_lr:g})"
