@@ -49,14 +49,19 @@ __all__ = [
 def sampled_attributes(module, names: bool = True) -> list[tuple[object, str, str | None]]:
     """``(submodule, attribute, site name)`` for every ``PyroSample`` attribute of ``module`` and its
     PyroModule children (the kernel, the likelihood, mean functions); ``names=False`` leaves the site names out
-    (they are defined only once the module has been called). Takes and returns no tensor, so shapes do not
-    apply."""
+    (they are defined only once the module has been called). With names, only the submodules that share
+    ``module``'s Pyro context count: a nested module with a context of its own (the layers of a ``DeepGP``) seeds
+    its own attributes in its own layer methods. Takes and returns no tensor, so shapes do not apply."""
     out = []
+    ctx = module.__dict__.get("_pyro_context")
     for sub in module.modules():
         samples = sub.__dict__.get("_pyro_samples")
-        if samples:
-            for name in samples:
-                out.append((sub, name, sub._pyro_get_fullname(name) if names else None))
+        if not samples:
+            continue
+        if names and sub.__dict__.get("_pyro_context") is not ctx:
+            continue  # a nested module with a context of its own (a DeepGP's layer) seeds itself in its own methods
+        for name in samples:
+            out.append((sub, name, sub._pyro_get_fullname(name) if names else None))
     return out
 
 

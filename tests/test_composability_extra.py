@@ -1,6 +1,8 @@
 """Defects found while writing the composability tutorials (tutorials/hierarchical_gp.ipynb, gplvm.ipynb), each with
 the smallest program that shows it."""
 
+import math
+
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -90,3 +92,35 @@ def test_create_plates_predicts_on_new_inputs():
             means.append(gp.predict(Xt)[0])
     sd = f.std(0).max()
     torch.testing.assert_close(f.mean(0), torch.stack(means).mean(0), atol=(4 * sd / 200**0.5).item(), rtol=0)
+
+
+def test_autoguide_hyperprior_inside_a_deep_gp():
+    """A PyroSample hyperprior on a DeepGP layer's kernel, drawn by an AutoNormal beside the DeepGP's guide: the
+    model reads the guide's draw (replay gives the same value, and two conditioned values give two losses), and SVI
+    trains the autoguide. Before, DeepGP's own method asked the nested layer for site names it did not have yet."""
+    torch.manual_seed(0)
+    X = torch.randn(50, 2)
+    y = X.sum(-1)
+    k = RBF(2)
+    k.lengthscale = PyroSample(dist.LogNormal(torch.zeros(2), 1.0).to_event(1))
+    gp = ps.SVGP(k, X[:6].clone(), ps.Gaussian(0.1), name="hyp")
+    dgp = ps.DeepGP([gp], marginalize_last=True)
+    guide = AutoGuideList(dgp.model, create_plates=dgp.create_plates)
+    guide.append(AutoNormal(poutine.block(dgp.model, expose=["hyp.kernel.lengthscale"])))
+    guide.append(dgp.guide)
+    svi = SVI(dgp.model, guide, pyro.optim.Adam({"lr": 0.05}), TraceMeanField_ELBO())
+    svi.step(X, y)
+    name = "locs.hyp.kernel.lengthscale_unconstrained"
+    loc0 = dict(guide[0].named_parameters())[name].detach().clone()
+    losses = [svi.step(X, y) for _ in range(30)]
+    assert all(math.isfinite(v) for v in losses)
+    loc = dict(guide[0].named_parameters())[name].detach()
+    assert not torch.equal(loc, loc0)
+    tr = poutine.trace(guide).get_trace(X, y)
+    mtr = poutine.trace(poutine.replay(dgp.model, trace=tr)).get_trace(X, y)
+    assert torch.equal(mtr.nodes["hyp.kernel.lengthscale"]["value"], tr.nodes["hyp.kernel.lengthscale"]["value"])
+    vals = []
+    for ls in (0.3, 3.0):  # the model's likelihood follows the lengthscale the guide drew
+        tr.nodes["hyp.kernel.lengthscale"]["value"] = torch.full((2,), ls)
+        vals.append(poutine.trace(poutine.replay(dgp.model, trace=tr)).get_trace(X, y).log_prob_sum().item())
+    assert abs(vals[0] - vals[1]) > 1.0, vals
