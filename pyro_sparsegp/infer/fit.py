@@ -281,6 +281,28 @@ def _is_numerical(exc, module) -> bool:
     return bool(_NUMERICAL.search(str(exc))) or _non_finite_state(module)
 
 
+def _first_batch(X, y, dataset, loader, batch_size, num_data, dtype, device):
+    """A batch ``(X [B, D], y [B, ...])`` of the data source, for :func:`_create_lazy_parameters`."""
+    if X is not None:
+        return X[:batch_size], y[:batch_size]
+    Xb, yb = dataset[torch.arange(min(batch_size, num_data))] if dataset is not None else next(iter(loader))
+    return as_tensor(Xb, "X", dtype, device), as_tensor(yb, "y", dtype, device, floating=False)
+
+
+def _create_lazy_parameters(module, Xb, yb, num_data) -> None:
+    """Run the guide, then the model on the guide's draws, once on ``(Xb [B, D], yb [B, ...])``, without gradients
+    and with every RNG state restored after it (so the run is unchanged): parameters that the guide or model
+    creates at its first call (an autoguide inside the module, a lazily created ``PyroParam``) then exist when the
+    optimiser is built, and train like the others instead of keeping their initial values."""
+    rng = pyro.util.get_rng_state()
+    try:
+        with torch.no_grad():
+            guide_trace = pyro.poutine.trace(module.guide).get_trace(Xb, yb, num_data=num_data)
+            pyro.poutine.replay(module.model, trace=guide_trace)(Xb, yb, num_data=num_data)
+    finally:
+        pyro.util.set_rng_state(rng)
+
+
 class _Snapshots:
     """Two preallocated copies of the module's state (ping-pong), refreshed in place: ``take(step)`` copies the
     current parameters into the older slot. ``restore(good)`` loads the newest copy taken at a step ``<= good``."""
@@ -431,8 +453,9 @@ def fit(
     if sources != 1:
         raise ValueError("fit needs exactly one data source: X and y, dataset=..., or loader=...")
     check_not_superseded(module)
-    ref = next(module.parameters())
-    device, dtype = ref.device, ref.dtype
+    ref = next(module.parameters(), None)  # None: a module whose parameters are all created at its first call
+    device = ref.device if ref is not None else X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
+    dtype = ref.dtype if ref is not None else torch.get_default_dtype()
     if X is not None:
         if y is None:
             raise ValueError("fit needs y with X")
@@ -464,6 +487,9 @@ def fit(
     if elbo == "analytic" and not hasattr(module, "analytic_elbo"):
         raise TypeError(f'elbo="analytic" needs a module with analytic_elbo; {type(module).__name__} has none')
 
+    if elbo != "analytic":  # a model/guide may create parameters at its first call: create them now
+        first = _first_batch(X, y, dataset, loader, batch_size, num_data, dtype, device)
+        _create_lazy_parameters(module, *first, num_data)
     families = natgrad_families(module) if natgrad_lr else []
     if natgrad_lr and not families:
         raise ValueError("natgrad_lr needs a module with a full-covariance Gaussian variational family (q_u)")
