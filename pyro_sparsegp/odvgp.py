@@ -62,8 +62,8 @@ from .composition import layer_method
 from .inputs import as_tensor
 from .kernels import kernel_matrix
 from .layers import SVGP
-from .solvegp import OrthogonalInputs
 from .linalg import whitened_marginals
+from .solvegp import OrthogonalInputs
 from .validation import check_orthogonal_inputs
 
 __all__ = ["ODVGP"]

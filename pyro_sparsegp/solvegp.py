@@ -44,6 +44,10 @@ from .composition import draw_hyperparameters, layer_method, sampled_attributes
 from .distributions.kl import ConditionalNormal
 from .layers import SVGP, _XKey
 from .linalg import KUU_ADVICE, cholesky, gram, project_chol, solve_lower
+from .validation import check_orthogonal_inputs
+from .variational import GaussianQ
+
+__all__ = ["SOLVEGP"]
 
 #: The advice of IllConditionedWarning for Cvv = Kvv - Kvu Kuu^{-1} Kuv of an un-whitened SOLVE-GP layer.
 CVV_ADVICE = (
@@ -51,10 +55,6 @@ CVV_ADVICE = (
     "un-whitened bound uses: orthogonal inducing inputs O that (nearly) duplicate each other or lie on top of the "
     "inducing inputs Z make it singular. Use whiten=True (the default), or spread O away from Z and from each other."
 )
-from .validation import check_orthogonal_inputs
-from .variational import GaussianQ
-
-__all__ = ["SOLVEGP"]
 
 
 class OrthogonalInputs:

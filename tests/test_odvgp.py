@@ -22,7 +22,8 @@ def _gp(whiten=False, num_subsample=None, m2=M2, jitter=0.0, spread=1.0):
     gp = ps.ODVGP(k, torch.rand(M, D) * 4 - 2, (torch.rand(m2, D) * 4 - 2) * spread, ps.Gaussian(0.2),
                   num_subsample=num_subsample, whiten=whiten, jitter=jitter)
     with torch.no_grad():
-        gp.q_u.set(0.7 * torch.randn(M), torch.tril(0.2 * torch.randn(M, M), -1) + torch.diag(0.4 + 0.3 * torch.rand(M)))
+        m = 0.7 * torch.randn(M)
+        gp.q_u.set(m, torch.tril(0.2 * torch.randn(M, M), -1) + torch.diag(0.4 + 0.3 * torch.rand(M)))
         gp.a = 0.5 * torch.randn(m2)
     return X, y, gp
 

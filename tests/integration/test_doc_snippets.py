@@ -188,7 +188,7 @@ def _runnable(page: str):
     found = blocks((ROOT / page).read_text(encoding="utf-8"))
     skipped = [b for b in found if b[0] is not None and b[3] is not None]
     assert len(skipped) <= MAX_SKIPPED, f"{page}: {len(skipped)} python blocks skipped (at most {MAX_SKIPPED})"
-    for index, lang, code, reason, line in found:
+    for _, _, _, reason, line in found:
         if reason is not None:
             assert len(reason) >= 10, f"{page}:{line}: a skipped block needs a reason in the marker"
     runnable = [(b[0], b[2], b[4]) for b in found if b[0] is not None and b[3] is None]

@@ -18,7 +18,8 @@ def test_main_job_is_warning_free_and_logs_plain_lines(flags, tmp_path):
     plot = tmp_path / "fit.png"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     run = subprocess.run(
-        [sys.executable, "-W", "error", "-m", "pyro_sparsegp", "--steps", "60", "--M", "32", "--plot", str(plot), *flags],
+        [sys.executable, "-W", "error", "-m", "pyro_sparsegp", "--steps", "60", "--M", "32", "--plot", str(plot)]
+        + flags,
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
