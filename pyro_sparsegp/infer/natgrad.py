@@ -371,8 +371,9 @@ def _precision_step(q, lr: float):
             _warn_once(
                 ("natgrad-damped",),
                 f"natural-gradient step of length {lr:g} would have made the precision of q indefinite (a "
-                f"non-log-concave likelihood or too long a step); it was shortened to {float(rho.min()):.3g}. "
-                "Reported once; use a smaller natgrad_lr if this recurs.",
+                "non-log-concave likelihood, too long a step, or the noise of a Monte Carlo gradient when the ELBO "
+                f"samples u); it was shortened to {float(rho.min()):.3g}. Reported once; if this recurs use a "
+                "smaller natgrad_lr, or more particles (num_particles=8, vectorize_particles=True) when u is sampled.",
                 NatGradDampingWarning,
                 stacklevel=4,
             )
