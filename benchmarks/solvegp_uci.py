@@ -242,6 +242,9 @@ def main():
     write_json(args.json, rows + summarize(rows))
 
 
+_MAX_DENSE_M2 = 8192  # largest M2 at which --timing also times the dense ODVGP
+
+
 def odvgp_timing(name, X, y, M, repeats=15, dense_repeats=3):
     """Milliseconds per training step (closed-form bound on a minibatch of 1024, backward, Adam) of the subsampled
     ODVGP at M2 = 4M, 8M, 16M with J = M columns, measured round-robin (median of ``repeats``) beside SVGP M, then the
@@ -268,11 +271,17 @@ def odvgp_timing(name, X, y, M, repeats=15, dense_repeats=3):
                                      num_subsample=M, whiten=False)) for f in factors}
     fns["svgp_M"] = stepper(ps.SVGP(kernel(), Z.clone(), ps.Gaussian(0.1), whiten=False))
     ms = time_alternating(fns, repeats)
-    dense = time_alternating({f"{f}M": stepper(ps.SOLVEGP(kernel(), Z.clone(), X[perm[M : (f + 1) * M]].clone(),
-                                                          ps.Gaussian(0.1), whiten=False, odvgp=True))
-                              for f in factors}, dense_repeats, warmup=1)
+    families = [("odvgp_subsampled", ms, repeats)]
+    if 16 * M <= _MAX_DENSE_M2:  # the dense family at M2 = 16M: O(M2^3) time, O(M2^2) memory
+        dense = time_alternating({f"{f}M": stepper(ps.SOLVEGP(kernel(), Z.clone(), X[perm[M : (f + 1) * M]].clone(),
+                                                              ps.Gaussian(0.1), whiten=False, odvgp=True))
+                                  for f in factors}, dense_repeats, warmup=1)
+        families.append(("odvgp_dense", dense, dense_repeats))
+    else:
+        print(f"(the dense ODVGP is not timed at M = {M}: M2 = {16 * M} > {_MAX_DENSE_M2} would need "
+              f"{8 * (16 * M) ** 2 / 2**30:.0f} GiB per M2 x M2 matrix in float64)")
     rows = []
-    for model, t, reps in (("odvgp_subsampled", ms, repeats), ("odvgp_dense", dense, dense_repeats)):
+    for model, t, reps in families:
         row = {"dataset": name, "model": model, "M": M, "J": M if model == "odvgp_subsampled" else "all",
                "batch": 1024, "N_train": len(X), "repeats": reps, "threads": torch.get_num_threads(),
                "svgp_M_ms": ms["svgp_M"]}
