@@ -40,27 +40,12 @@ from pyro.nn import PyroModule, pyro_method
 
 from .inducing import IndexedInducingPatches
 from .kernels_conv import TICK, _image, _pair, output_shape, patches
+from .kmeans import kmeans
 from .layers import SVGP
 from .naming import unique_name
 from .solvegp import SOLVEGP
 
 __all__ = ["ConvLayer", "DeepConvGP", "init_patches", "kmeans", "log_likelihood_and_accuracy"]
-
-
-def kmeans(X: torch.Tensor, k: int, iters: int = 15, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Lloyd's k-means (initialised at ``k`` distinct random rows of ``X`` ``[N, d]``) -> centres ``[k, d]``; empty
-    clusters keep their previous centre. Used to initialise inducing patches from cluster centres of image
-    patches, as Shi, Titsias, Mnih 2020 do (appendix G.2); k-means itself implements no paper equation."""
-    if k > X.shape[0]:
-        raise ValueError(f"k = {k} centres need at least as many points, got {X.shape[0]}")
-    C = X[torch.randperm(X.shape[0], generator=generator)[:k]].clone()
-    x2 = X.pow(2).sum(-1, keepdim=True)
-    for _ in range(iters):
-        assign = (x2 - 2 * X @ C.T + C.pow(2).sum(-1)).argmin(-1)
-        sums = torch.zeros_like(C).index_add_(0, assign, X)
-        counts = torch.bincount(assign, minlength=k).to(X.dtype).unsqueeze(-1)
-        C = torch.where(counts > 0, sums / counts.clamp(min=1), C)
-    return C
 
 
 def init_patches(

@@ -50,6 +50,7 @@ from .composition import BoundModule, layer_method
 from .composition import plate as data_plate
 from .distributions import MarginalizedLikelihood
 from .inputs import as_targets, as_tensor
+from .kmeans import kmeans
 from .layers import SVGP, _check_finite, _take, as_inputs
 from .mean_functions import FixedProjection
 from .naming import register_name, unique_name
@@ -351,8 +352,8 @@ class DeepGP(PyroModule):
 # -- initialisation -----------------------------------------------------------------------------------------------
 def init_inducing(X: torch.Tensor, M: int, method: str = "kmeans", seed: int = 0) -> torch.Tensor:
     """``M`` inducing inputs ``[M, D]`` from the data ``X`` ``[N, D]``: k-means centres started from ``M`` random
-    points (``scipy.cluster.vq.kmeans2(..., minit="points")``, as the reference code of Salimbeni & Deisenroth 2017),
-    or (``method="random"``) a random subset of the rows."""
+    points (:func:`pyro_sparsegp.kmeans.kmeans`, as the reference code of Salimbeni & Deisenroth 2017 does with
+    ``scipy.cluster.vq.kmeans2(..., minit="points")``), or (``method="random"``) a random subset of the rows."""
     N = X.shape[0]
     g = torch.Generator().manual_seed(seed)
     if method == "random" or M >= N:
@@ -360,12 +361,7 @@ def init_inducing(X: torch.Tensor, M: int, method: str = "kmeans", seed: int = 0
         return X[idx].detach().clone()
     if method != "kmeans":
         raise ValueError(f"method must be 'kmeans' or 'random', got {method!r}")
-    import numpy as np
-    from scipy.cluster.vq import kmeans2
-
-    Xn = X.detach().cpu().double().numpy()
-    centres, _ = kmeans2(Xn, M, minit="points", seed=np.random.default_rng(seed))
-    return torch.as_tensor(centres, dtype=X.dtype, device=X.device)
+    return kmeans(X.detach(), M, iters=50, generator=g)
 
 
 def build_deep_gp(

@@ -386,3 +386,22 @@ def test_predictive_log_prob_reports_its_monte_carlo_error():
     assert 0.5 < ratio < 2.0, ratio
     _, se_big = m.predictive_log_prob(X, y, 20 * S, return_se=True)
     assert 0.1 < (se_big[ok] / se[ok]).median() < 0.4  # 1 / sqrt(20) = 0.22
+
+
+def test_kmeans_initialisation_needs_no_scipy(monkeypatch):
+    """The README's main install has no scipy: ``build_deep_gp``'s default k-means must not import it. The centres
+    are a fixed point of Lloyd's iteration (each is the mean of the points nearest to it), checked densely."""
+    import sys
+
+    for mod in ("scipy", "scipy.cluster", "scipy.cluster.vq"):
+        monkeypatch.setitem(sys.modules, mod, None)  # any import of scipy now raises ImportError
+    g = torch.Generator().manual_seed(1)
+    X = torch.cat([torch.randn(60, 2, generator=g) * 0.3 + c for c in (torch.tensor([4.0, 0]), torch.tensor([-4.0, 0]),
+                                                                         torch.tensor([0, 4.0]))])
+    Z = init_inducing(X, 3)
+    nearest = torch.cdist(X, Z).argmin(-1)
+    for j in range(3):
+        torch.testing.assert_close(Z[j], X[nearest == j].mean(0))
+    assert sorted(torch.bincount(nearest).tolist()) == [60, 60, 60]  # the three blobs found
+    dgp = build_deep_gp(X, [2], ps.Gaussian(), num_inducing=5)
+    assert dgp.layers[0].Z.shape == (5, 2)
