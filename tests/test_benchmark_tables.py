@@ -106,4 +106,4 @@ def test_convgp_sum_models_build_predict_and_train(model):
     torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]))
     before = [p.Z.detach().clone() for p in gp.inducing.parts]
     convgp_mnist.train(gp, X, y, args, on_step=lambda it, loss: None)
-    assert all(not torch.equal(p.Z.detach(), b) for p, b in zip(gp.inducing.parts, before))
+    assert all(not torch.equal(p.Z.detach(), b) for p, b in zip(gp.inducing.parts, before, strict=True))

@@ -95,7 +95,10 @@ def test_hyperpriors_with_autoguide_list_train_every_parameter(elbo):
         tr = poutine.trace(guide).get_trace(Xt, None)
         with poutine.replay(trace=tr):
             means.append(gp.predict(Xt)[0])
-    torch.testing.assert_close(torch.stack(means).mean(0), f.mean(0), atol=0.15, rtol=0)
+    means = torch.stack(means)
+    # two independent 64-draw Monte Carlo means of E[f*]: 4 computed standard errors of their difference
+    se = (means.var(0) / len(means) + f.var(0) / len(f)).sqrt()
+    assert ((means.mean(0) - f.mean(0)).abs() < 4 * se).all(), ((means.mean(0) - f.mean(0)) / se).abs().max()
 
 
 def test_predict_with_hyperpriors_needs_values():
@@ -335,8 +338,8 @@ def test_joint_posterior_draws_have_the_full_covariance(whiten, cls):
     m_diag, v_diag = gp.predict(Xs)
     torch.testing.assert_close(mean, m_diag)
     torch.testing.assert_close(cov.diagonal(dim1=-2, dim2=-1), v_diag, atol=_tol(), rtol=10 * _tol())
-    # an independent dense computation of q(f*) over all inducing variables J (SVGP: Z; SOLVE-GP: q(u) q(v⊥)
-    # through the structured covariance of [u, v⊥])
+    # an independent dense computation of q(f*) (SVGP: over Z; SOLVE-GP: q(u) q(v⊥) through the orthogonal
+    # process's covariance C)
     if cls == "SVGP":
         k = gp.kernel
         Kuu = k(gp.Z) + 1e-10 * torch.eye(5) * k(gp.Z).diagonal().mean()
@@ -346,8 +349,26 @@ def test_joint_posterior_draws_have_the_full_covariance(whiten, cls):
             m, L = Luu @ m, Luu @ L
         A = torch.linalg.solve(Kuu, k(gp.Z, Xs))
         dense_cov = k(Xs) - A.T @ (Kuu - L @ L.T) @ A
-        torch.testing.assert_close(cov.detach(), dense_cov.detach(), atol=_tol(), rtol=10 * _tol())
-        torch.testing.assert_close(mean.detach(), (A.T @ m).detach(), atol=_tol(), rtol=10 * _tol())
+        dense_mean = A.T @ m
+    else:  # u ~ q(u), v⊥ ~ q(v⊥) independent; f = Kfu Kuu⁻¹ u + Cfv Cvv⁻¹ v⊥ + N(0, Cff - Cfv Cvv⁻¹ Cvf), with
+        # C(a, b) = k(a, b) - k(a, Z) Kuu⁻¹ k(Z, b) (Shi, Titsias, Mnih 2020, section 3), written with dense solves
+        k, Z, O = gp.kernel, gp.Z, gp.O
+        Kuu = k(Z) + 1e-10 * torch.eye(4) * k(Z).diagonal().mean()
+
+        def C(a, b):
+            return k(a, b) - k(a, Z) @ torch.linalg.solve(Kuu, k(Z, b))
+
+        Cvv = C(O, O) + 1e-10 * torch.eye(4) * k(O).diagonal().mean()
+        (mu, Lu), (mv, Lv) = [(q.u_loc, q.u_scale_tril) for q in (gp.q_u, gp.q_v)]
+        if whiten:
+            Luu, Lc = torch.linalg.cholesky(Kuu), torch.linalg.cholesky(Cvv)
+            mu, Lu, mv, Lv = Luu @ mu, Luu @ Lu, Lc @ mv, Lc @ Lv
+        Au = torch.linalg.solve(Kuu, k(Z, Xs))  # Kuu⁻¹ Ku*
+        Av = torch.linalg.solve(Cvv, C(O, Xs))  # Cvv⁻¹ Cv*
+        dense_mean = Au.T @ mu + Av.T @ mv
+        dense_cov = Au.T @ Lu @ Lu.T @ Au + Av.T @ Lv @ Lv.T @ Av + C(Xs, Xs) - C(Xs, O) @ Av
+    torch.testing.assert_close(cov.detach(), dense_cov.detach(), atol=_tol(), rtol=10 * _tol())
+    torch.testing.assert_close(mean.detach(), dense_mean.detach(), atol=_tol(), rtol=10 * _tol())
     draws = gp.sample_posterior(Xs, 20000)
     assert draws.shape == (20000, 9)
     emp = torch.cov(draws.T)

@@ -128,13 +128,16 @@ def test_refine_matches_monte_carlo_tilted_moments():
     fa = mu_a + v_a.sqrt() * torch.randn(n, generator=g)
     fk = mu_k + v_k.sqrt() * torch.randn(n, generator=g)
     w = Phi((fa - fk) / (d_a + d_k).sqrt())
-    assert abs(w.mean().log() - logZ) < 3e-3
+    # 4 standard errors, by the delta method (log of a mean; self-normalised importance-weighted moments)
+    assert abs(w.mean().log() - logZ) < 4 * w.std() / (w.mean() * math.sqrt(n))
     for f, mu, v, C1, C2 in ((fa, mu_a, v_a, C1y, C2y), (fk, mu_k, v_k, C1c, C2c)):
         m_mc = (w * f).sum() / w.sum()
         v_mc = (w * (f - m_mc) ** 2).sum() / w.sum()
+        se_m = (w.pow(2) * (f - m_mc).pow(2)).sum().sqrt() / w.sum()
+        se_v = (w.pow(2) * ((f - m_mc).pow(2) - v_mc).pow(2)).sum().sqrt() / w.sum()
         v_new = 1 / (1 / v + C1)
         m_new = v_new * (mu / v + C2)
-        assert abs(m_mc - m_new) < 3e-3 and abs(v_mc - v_new) < 3e-3
+        assert abs(m_mc - m_new) < 4 * se_m and abs(v_mc - v_new) < 4 * se_v, (m_mc - m_new, se_m, v_mc - v_new)
 
 
 def test_eq6_is_exact_for_two_classes_only():
@@ -338,9 +341,13 @@ def test_training_raises_the_evidence_and_classifies():
     """Batch EP with hyper-parameter learning raises log Z; minibatch SEP (Adam on eq. 12) runs; both classify
     held-out data."""
     gp0, X, y = _problem(N=60, K=3, M=5, noise=0.5)
-    ang = 2 * math.pi * y / 3
-    X = 0.5 * X + 2.0 * torch.stack([ang.cos(), ang.sin()], -1)  # three well separated clusters
-    Xt, yt = X[::3] + 0.01, y[::3]
+    _, Xt, yt = _problem(N=30, K=3, M=5, noise=0.5, seed=1)  # held out: fresh draws of the same distribution
+
+    def clusters(X, y):  # three well separated clusters
+        ang = 2 * math.pi * y / 3
+        return 0.5 * X + 2.0 * torch.stack([ang.cos(), ang.sin()], -1)
+
+    X, Xt = clusters(X, y), clusters(Xt, yt)
     for method, bs in (("ep", None), ("sep", 20)):
         gp = copy.deepcopy(gp0)
         st = fit_ep(gp, X, y, method=method, num_iters=20, batch_size=bs, lr=1e-2)

@@ -189,7 +189,7 @@ def test_sum_errors_are_loud():
         ps.SVGP(k, _inducing(k, L=3), ps.RobustMax(3), num_outputs=2)
     gp = ps.SVGP(k, ind)
     with pytest.raises(TypeError, match="parts"):
-        gp.Z
+        _ = gp.Z
     with pytest.raises(ValueError, match="InducingSum of 2 parts"):
         ps.SOLVEGP(k, _inducing(k), torch.randn(3, D))
     sol = ps.SOLVEGP(k, _inducing(k), _inducing(k))

@@ -194,7 +194,7 @@ def test_density_matches_high_precision_series(b):
     """Against the left series summed with 100-digit mpmath (exact to rounding), over the bulk and into the far
     tails, where the `polyagamma` package's pdf and a float64 left series both lose all digits (integer b uses
     the right series there)."""
-    mp = pytest.importorskip("mpmath")
+    import mpmath as mp  # a test dependency (pyproject "test" extra): its absence must fail, not skip
     mp.mp.dps = 100
     m, s = b / 4, math.sqrt(b / 24)
     far = 12 if b == int(b) else 4  # non-integer b: only the left series, accurate up to ~ mean + 6 sd
