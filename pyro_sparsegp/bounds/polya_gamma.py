@@ -24,27 +24,10 @@ import math
 
 import torch
 
+from ..distributions.polya_gamma import log_cosh_half, pg_mean  # written once, beside the PG distribution
 from .svgp import gauss_kl, qf_dense
 
 __all__ = ["pg_mean", "log_cosh_half", "pg_bound", "optimal_c", "jaakkola_jordan_bound"]
-
-
-def pg_mean(c: torch.Tensor, b: float = 1.0) -> torch.Tensor:
-    r""":math:`\mathbb{E}[\omega] = \frac{b}{2c}\tanh(c/2)` for :math:`\omega \sim \mathrm{PG}(b, c)`
-    (``b/4`` at ``c=0``; Polson, Scott, Windle 2013), the :math:`\bar\omega_n` of the module docstring
-    (Wenzel et al. 2019). Element-wise: ``c [...]`` -> ``[...]``."""
-    c = c.abs()
-    small = c < 1e-4
-    safe = torch.where(small, torch.ones_like(c), c)
-    return b * torch.where(small, 0.25 - c.pow(2) / 48, torch.tanh(safe / 2) / (2 * safe))
-
-
-def log_cosh_half(c: torch.Tensor) -> torch.Tensor:
-    r"""Stable :math:`\log\cosh(c/2) = |c|/2 + \log(1 + e^{-|c|}) - \log 2`, the first term of
-    :math:`\mathrm{KL}[\mathrm{PG}(1,c)\|\mathrm{PG}(1,0)]` (module docstring; Wenzel et al. 2019). Element-wise:
-    ``c [...]`` -> ``[...]``."""
-    a = (c / 2).abs()
-    return a + torch.log1p(torch.exp(-2 * a)) - math.log(2)
 
 
 def optimal_c(f_loc: torch.Tensor, f_var: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ __all__ = ["ConditionalNormal"]
 
 
 def _register_polya_gamma():
-    from .polya_gamma import PolyaGamma, _log_cosh_half
+    from .polya_gamma import PolyaGamma, log_cosh_half
 
     @register_kl(PolyaGamma, PolyaGamma)
     def _kl_polya_gamma(q, p):
@@ -70,7 +70,7 @@ def _register_polya_gamma():
         b_q, b_p = torch.broadcast_tensors(q.b, p.b)
         if not torch.equal(b_q, b_p):
             raise NotImplementedError("KL between Polya-Gamma distributions with different b has no closed form")
-        kl = b_q * (_log_cosh_half(q.c) - _log_cosh_half(p.c)) - 0.5 * (q.c.pow(2) - p.c.pow(2)) * q.mean
+        kl = b_q * (log_cosh_half(q.c) - log_cosh_half(p.c)) - 0.5 * (q.c.pow(2) - p.c.pow(2)) * q.mean
         return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
 
 

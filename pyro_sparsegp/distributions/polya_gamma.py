@@ -72,7 +72,7 @@ from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
 from torch.distributions.utils import broadcast_all
 
-__all__ = ["PolyaGamma"]
+__all__ = ["PolyaGamma", "pg_mean", "log_cosh_half"]
 
 _TRUNC = 0.64  # Devroye's / PSW's truncation point t on the J* scale
 _LOG_EPS64 = math.log(torch.finfo(torch.float64).eps)
@@ -87,14 +87,19 @@ _BULK_SD = 8.0  # ... up to the mean + this many sd
 # elementary functions
 
 
-def _log_cosh_half(c):
-    r""":math:`\log\cosh(c/2)`, stable for every ``c``: :math:`|c/2| + \log(1 + e^{-|c|}) - \log 2`."""
+def log_cosh_half(c: torch.Tensor) -> torch.Tensor:
+    r"""Stable :math:`\log\cosh(c/2) = |c|/2 + \log(1 + e^{-|c|}) - \log 2` for every ``c``: the normaliser of
+    :math:`\mathrm{PG}(1, c)` relative to :math:`\mathrm{PG}(1, 0)` and the first term of
+    :math:`\mathrm{KL}[\mathrm{PG}(1,c)\|\mathrm{PG}(1,0)]` (Wenzel et al. 2019).
+    Element-wise: ``c [...]`` -> ``[...]``."""
     a = (0.5 * c).abs()
     return a + torch.log1p(torch.exp(-2 * a)) - math.log(2)
 
 
-def _pg_mean(b, c):
-    r""":math:`\tfrac{b}{2c}\tanh(c/2) = \tfrac b4 \tanh(y)/y` with :math:`y = c/2` (``b/4`` at ``c = 0``)."""
+def pg_mean(c: torch.Tensor, b=1.0) -> torch.Tensor:
+    r""":math:`\mathbb{E}[\omega] = \tfrac{b}{2c}\tanh(c/2) = \tfrac b4 \tanh(y)/y` with :math:`y = c/2`, for
+    :math:`\omega \sim \mathrm{PG}(b, c)` (``b/4`` at ``c = 0``; Polson, Scott, Windle 2013): the
+    :math:`\bar\omega_n` of Wenzel et al. 2019. Element-wise (broadcasting ``b``): ``c [...]`` -> ``[...]``."""
     y = 0.5 * c
     small = y.abs() < 1e-4
     y_safe = torch.where(small, torch.ones_like(y), y)
@@ -455,7 +460,7 @@ class PolyaGamma(TorchDistribution):
     @property
     def mean(self):
         """:math:`\\mathbb{E}[\\omega]`, shape ``batch_shape``."""
-        return _pg_mean(self.b, self.c)
+        return pg_mean(self.c, self.b)
 
     @property
     def variance(self):
@@ -526,11 +531,11 @@ class PolyaGamma(TorchDistribution):
         x, b, c = torch.broadcast_tensors(value, self.b, self.c)
         x64, b64, c64 = x.to(torch.float64), b.to(torch.float64), c.to(torch.float64)
         log_p0, log_err = _log_pg0(x64, b64, self.num_terms)
-        log_p = b64 * _log_cosh_half(c64) - 0.5 * c64 * c64 * x64 + log_p0
+        log_p = b64 * log_cosh_half(c64) - 0.5 * c64 * c64 * x64 + log_p0
         with torch.no_grad():  # refused: an absolute error above 1e-6 / sd (the density's scale is 1 / sd) in the bulk
             var = _pg_variance(b64, c64)
             log_abs_err = log_p + log_err + 0.5 * var.log()
-            bulk = (x64 > 0) & (x64 <= _pg_mean(b64, c64) + _BULK_SD * var.sqrt())
+            bulk = (x64 > 0) & (x64 <= pg_mean(c64, b64) + _BULK_SD * var.sqrt())
             bad = ~(log_abs_err <= _LOG_DENSITY_TOL) & (log_p0 > -math.inf) & bulk
         if bool(bad.any()):
             i = bad.nonzero()[0]
