@@ -67,12 +67,13 @@ _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 class GFITCConvergenceWarning(UserWarning):
-    """EP did not reach its tolerance within ``max_ep_iters`` iterations (the gradient is then approximate)."""
+    """EP did not reach its tolerance within ``max_ep_iters`` iterations (the gradient of Villacampa-Calvo and
+    Hernández-Lobato 2017, sec. 3, is then approximate)."""
 
 
 @dataclass
 class GFITCState:
-    """State of :func:`fit_gfitc`.
+    """State of :func:`fit_gfitc` (GFITC, Villacampa-Calvo and Hernández-Lobato 2017, section 3).
 
     ``sites = (tau_y, nu_y, tau_c, nu_c)``, each ``[N, K]`` (zero at ``(i, y_i)``): factor ``(i, k)`` on the
     observed class's latent ``f^{y_i}_i`` and on ``f^k_i`` (module docstring). Per objective evaluation (each one an
@@ -90,7 +91,8 @@ class GFITCState:
 
     @property
     def evaluations(self) -> int:
-        """Objective evaluations (EP runs) so far, an ``int``."""
+        """Objective evaluations (EP runs) so far, an ``int`` (no tensor, so shapes do not apply); the outer loop of
+        GFITC (Villacampa-Calvo and Hernández-Lobato 2017, section 3)."""
         return len(self.ep_iterations)
 
 
@@ -128,7 +130,8 @@ def _cavities(m, v, sites, y):
 
 def gfitc_refine(m_a, v_a, m_k, v_k):
     r"""New sites of the factors ``Theta(f^a - f^k)`` from their cavity marginals ``N(m_a, v_a) N(m_k, v_k)``
-    (``epMGPC.R`` ``process_likelihood_factors``; Kim and Ghahramani 2006). All arguments broadcast.
+    (Villacampa-Calvo and Hernández-Lobato 2017, section 3; their ``epMGPC.R`` ``process_likelihood_factors``; Kim
+    and Ghahramani 2006). All arguments broadcast.
 
     ``z = (m_a - m_k) / sqrt(v_a + v_k)``, ``r = N(z) / Phi(z)``, ``b = -r (z + r) / (v_a + v_k)``; per side
     ``tau = -b / (1 + b v)``, ``nu = (+-r / sqrt(v_a + v_k) - m b) / (1 + b v)``.
@@ -232,8 +235,9 @@ def _prepare(module, X, y, state):
 
 
 def gfitc_log_evidence(module, X, y, state: GFITCState) -> float:
-    r"""EP estimate of :math:`\log p(y)` (``log Z_EP``, module docstring; ``epMGPC.R`` ``computeEvidence``) at the
-    module's hyper-parameters and the sites in ``state``. ``X`` ``[N, D]``, ``y`` ``[N]`` labels in ``0..K-1``."""
+    r"""EP estimate of :math:`\log p(y)` (``log Z_EP``, module docstring; Villacampa-Calvo and Hernández-Lobato 2017,
+    section 3, their ``epMGPC.R`` ``computeEvidence``) at the module's hyper-parameters and the sites in ``state``.
+    ``X`` ``[N, D]``, ``y`` ``[N]`` labels in ``0..K-1``."""
     X, y, own = _prepare(module, X, y, state)
     with torch.no_grad():
         _, W, d = _fitc_stats(module, X)
@@ -242,7 +246,8 @@ def gfitc_log_evidence(module, X, y, state: GFITCState) -> float:
 
 def gfitc_surrogate(module, X, y, state: GFITCState) -> torch.Tensor:
     r"""``sum_k L_k`` with the sites in ``state`` held fixed: a 0-dim tensor whose gradient with respect to the
-    kernel's parameters and ``Z`` is that of ``log Z_EP`` at an EP fixed point (module docstring). Its value is not
+    kernel's parameters and ``Z`` is that of ``log Z_EP`` at an EP fixed point (module docstring; Seeger 2006, as in
+    eq. 34 of Hernández-Lobato and Hernández-Lobato 2016). Its value is not
     ``log Z_EP``. ``X`` ``[N, D]``, ``y`` ``[N]``."""
     X, y, own = _prepare(module, X, y, state)
     _, W, d = _fitc_stats(module, X)
@@ -253,7 +258,8 @@ def gfitc_surrogate(module, X, y, state: GFITCState) -> torch.Tensor:
 @torch.no_grad()
 def gfitc_marginals(module, X, y, state: GFITCState):
     """The approximate posterior marginals ``(mean, var)`` ``[K, N]`` of the latent values ``f^k_i`` at the
-    training inputs (``q(f)``, not the FITC predictive of :meth:`predict`)."""
+    training inputs (``q(f)``, not the FITC predictive of :meth:`predict`; ``epMGPC.R`` ``reconstructPosterior`` of
+    Villacampa-Calvo and Hernández-Lobato 2017). ``X`` ``[N, D]``, ``y`` ``[N]``."""
     X, y, own = _prepare(module, X, y, state)
     _, W, d = _fitc_stats(module, X)
     m, v, *_ = _marginals(W, d, *_totals(state.sites, own))
@@ -261,6 +267,27 @@ def gfitc_marginals(module, X, y, state: GFITCState):
 
 
 # -- the fit -------------------------------------------------------------------------------------------------------
+def _ep_at(module, X, y, own, state, ep, with_grad):
+    """EP to convergence at the module's current hyper-parameters, recorded in ``state``; returns ``(W, d)`` (with
+    their graph when ``with_grad``) and ``log Z_EP``. ``ep = (damping, tol, max_ep_iters, callback)``."""
+    damping, tol, max_iters, callback = ep
+    with torch.set_grad_enabled(with_grad):
+        _, W, d = _fitc_stats(module, X)
+    sites, sweeps, conv, skipped = _run_ep(W.detach(), d.detach(), y, own, state.sites, damping, tol, max_iters)
+    state.sites = sites
+    logz = _evidence(W.detach(), d.detach(), y, own, sites)
+    state.log_evidence.append(float(logz))
+    state.ep_iterations.append(sweeps)
+    state.converged.append(conv)
+    state.skipped += skipped
+    if not conv:
+        warnings.warn(f"GFITC: EP did not converge in {max_iters} sweeps (tol {tol}); the hyper-parameter gradient "
+                      "is approximate there. Raise max_ep_iters or tol", GFITCConvergenceWarning, stacklevel=2)
+    if callback is not None:
+        callback(state.evaluations - 1, state)
+    return W, d, logz
+
+
 def fit_gfitc(
     module,
     X,
@@ -274,7 +301,8 @@ def fit_gfitc(
     callback=None,
 ) -> GFITCState:
     r"""Fit ``module`` (``SVGP(kernel, Z, RobustMax(K), num_outputs=K)``, as for :func:`fit_ep`) by GFITC (module
-    docstring) and write the Gaussian ``q(u_k)`` of each class into ``module.q_u``.
+    docstring; Villacampa-Calvo and Hernández-Lobato 2017, section 3) and write the Gaussian ``q(u_k)`` of each
+    class into ``module.q_u``.
 
     :param X: ``[N, D]`` inputs. :param y: ``[N]`` labels in ``0..K-1`` (tensors, numpy, lists, pandas).
     :param num_iters: L-BFGS iterations on ``-log Z_EP`` (the paper: 250); each objective evaluation (more than one
@@ -308,30 +336,13 @@ def fit_gfitc(
     params = [p for n, p in module.named_parameters() if not n.startswith("q_u") and p.requires_grad]
     params = params if learn_hyperparameters and num_iters > 0 else []
 
-    def evaluate(with_grad):
-        with torch.set_grad_enabled(with_grad):
-            _, W, d = _fitc_stats(module, X)
-        sites, sweeps, conv, skipped = _run_ep(W.detach(), d.detach(), y, own, state.sites, damping, tol,
-                                               int(max_ep_iters))
-        state.sites = sites
-        logz = _evidence(W.detach(), d.detach(), y, own, sites)
-        state.log_evidence.append(float(logz))
-        state.ep_iterations.append(sweeps)
-        state.converged.append(conv)
-        state.skipped += skipped
-        if not conv:
-            warnings.warn(f"GFITC: EP did not converge in {max_ep_iters} sweeps (tol {tol}); raise max_ep_iters or "
-                          "lower the damping", GFITCConvergenceWarning, stacklevel=3)
-        if callback is not None:
-            callback(state.evaluations - 1, state)
-        return W, d, logz
-
+    ep = (damping, tol, int(max_ep_iters), callback)
     if params:
         opt = torch.optim.LBFGS(params, lr=1.0, max_iter=int(num_iters), line_search_fn="strong_wolfe")
 
         def closure():
             opt.zero_grad()
-            W, d, logz = evaluate(True)
+            W, d, logz = _ep_at(module, X, y, own, state, ep, True)
             T, Nu = _totals(state.sites, own)
             live = _prior_term(W, d, T, Nu)
             loss = -(logz + live - live.detach())  # value -log Z_EP, gradient -d sum_k L_k (fixed point)
@@ -343,7 +354,7 @@ def fit_gfitc(
         opt.step(closure)
         state.lbfgs_iterations += int(opt.state[opt._params[0]].get("n_iter", 0))
     with torch.no_grad():
-        evaluate(False)  # EP at the final hyper-parameters (the line search may end elsewhere)
+        _ep_at(module, X, y, own, state, ep, False)  # EP at the final hyper-parameters
         L, W, d = _fitc_stats(module, X)
         Lam, eta, _ = _u_sites(W, d, *_totals(state.sites, own))
         _write_q(module, L, Lam, eta)
