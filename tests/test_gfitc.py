@@ -286,6 +286,9 @@ def test_errors():
         fit_gfitc(gp, X, y + 5)
     with pytest.raises(ValueError, match="RobustMax"):
         fit_gfitc(ps.SVGP(RBF(2), X[:3], ps.Bernoulli()), X, y)
+    with pytest.raises(ValueError, match="zero-mean"):
+        fit_gfitc(ps.SVGP(gp.kernel, gp.Z, ps.RobustMax(3), num_outputs=3,
+                          mean_function=ps.mean_functions.Constant(3)), X, y)
     with pytest.raises(ValueError, match="D = 2"):
         fit_gfitc(gp, X[:, :1], y)
     with pytest.raises(ValueError, match="N"):

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..linalg import cholesky
+from ..mean_functions import Zero
 from .ep import _aggregate, _check_module, _fitc_stats, _gauss, _log_norm, _proj, _write_q
 
 __all__ = ["fit_gfitc", "GFITCState", "GFITCConvergenceWarning", "gfitc_log_evidence", "gfitc_marginals",
@@ -225,6 +226,10 @@ def _evidence(W, d, y, own, sites):
 # -- public helpers ------------------------------------------------------------------------------------------------
 def _prepare(module, X, y, state):
     K = _check_module(module)
+    mf = getattr(module, "mean_function", None)
+    if mf is not None and not isinstance(mf, Zero):
+        raise ValueError(f"GFITC assumes zero-mean GP priors (as the paper); the module has a {type(mf).__name__} mean "
+                         "function")
     X, y = module.check_inputs(X, y)
     if X.dim() != 2:
         raise ValueError(f"X must be [N, D], got shape {tuple(X.shape)}")
