@@ -254,8 +254,8 @@ def gfitc_log_evidence(module, X, y, state: GFITCState) -> float:
 def gfitc_surrogate(module, X, y, state: GFITCState) -> torch.Tensor:
     r"""``sum_k L_k`` with the sites in ``state`` held fixed: a 0-dim tensor whose gradient with respect to the
     kernel's parameters and ``Z`` is that of ``log Z_EP`` at an EP fixed point (module docstring; Seeger 2006, as in
-    eq. 34 of Hernández-Lobato and Hernández-Lobato 2016). Its value is not
-    ``log Z_EP``. ``X`` ``[N, D]``, ``y`` ``[N]``."""
+    eq. 34 of Hernández-Lobato and Hernández-Lobato 2016). Its value is not ``log Z_EP``. ``X`` ``[N, D]``,
+    ``y`` ``[N]``."""
     X, y, own = _prepare(module, X, y, state)
     _, W, d = _fitc_stats(module, X)
     T, Nu = _totals(state.sites, own)
