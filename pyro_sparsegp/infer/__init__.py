@@ -1,7 +1,9 @@
-"""Inference: natural-gradient steps, the ``fit`` training loop, EP/SEP (``fit_ep``) and MFSp (``fit_mfsp``)."""
+"""Inference: natural-gradient steps, the ``fit`` training loop, EP/SEP (``fit_ep``), GFITC (``fit_gfitc``) and MFSp
+(``fit_mfsp``)."""
 
 from .ep import EPState, ep_log_evidence, ep_surrogate, fit_ep
 from .fit import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
+from .gfitc import GFITCConvergenceWarning, GFITCState, fit_gfitc, gfitc_log_evidence, gfitc_surrogate
 from .mfsp import MFSpState, fit_mfsp, mfsp_bound
 from .natgrad import (
     clear_natgrad_probes,
@@ -23,6 +25,11 @@ __all__ = [
     "EPState",
     "ep_log_evidence",
     "ep_surrogate",
+    "fit_gfitc",
+    "GFITCState",
+    "GFITCConvergenceWarning",
+    "gfitc_log_evidence",
+    "gfitc_surrogate",
     "fit_mfsp",
     "mfsp_bound",
     "MFSpState",
