@@ -374,3 +374,41 @@ def test_errors():
         fit_ep(ps.SVGP(RBF(2), X[:3], ps.Bernoulli()), X, y)
     with pytest.raises(ValueError, match="state"):
         fit_ep(gp, X, y, method="sep", state=EPState("ep"))
+
+
+@pytest.mark.float64  # the dense reference inverts Kuu explicitly
+@torch.no_grad()
+def test_ep_gfitc_and_mfsp_use_the_pair_covariances_of_inducing_patches():
+    """EP, GFITC (one shared ``_fitc_stats``) and MFSp factorise the covariances of the module's (inducing variable,
+    kernel) pair: with inducing patches of a convolutional kernel, ``W^T W = Kfu Kuu^{-1} Kuf`` and the FITC
+    diagonal equal a dense computation from ``torch.nn.functional.unfold`` patches (van der Wilk et al. 2017,
+    eq. 6 with the mean normalisation ``c = 1/P``), and both methods then fit and predict."""
+    from pyro_sparsegp import inducing as ind
+    from pyro_sparsegp.infer import fit_gfitc
+    from pyro_sparsegp.infer.ep import _fitc_stats
+    from pyro_sparsegp.infer.mfsp import _pieces
+
+    H = W = 5
+    base = RBF(9, variance=torch.tensor(1.3), lengthscale=torch.tensor(2.0))
+    X, Z = torch.randn(15, H * W), torch.randn(4, 9)
+    Xp = torch.nn.functional.unfold(X.reshape(15, 1, H, W), 3).mT  # [N, P, 9], row-major patches
+    P = Xp.shape[1]
+    Kuu = base(Z) + 1e-10 * torch.eye(4)
+    Kuf = base(Z, Xp.reshape(-1, 9)).reshape(4, 15, P).sum(-1) / P
+    kff = torch.stack([base(x).sum() for x in Xp]) / P**2
+    Q = Kuf.T @ torch.linalg.solve(Kuu, Kuf)
+    for K, lik in ((3, ps.RobustMax(3)), (None, ps.Bernoulli())):
+        gp = ps.SVGP(ps.ConvKernel(base, (H, W, 1), 3, 1), ps.InducingPatches(Z.clone()), lik, num_outputs=K)
+        Wm, d = (_fitc_stats(gp, X)[1:] if K else (_pieces(gp, X)[1], None))
+        for w in Wm if K else [Wm]:
+            torch.testing.assert_close(w.T @ w, Q, atol=1e-8, rtol=1e-6)
+        if K:
+            torch.testing.assert_close(d, (kff - Q.diagonal()).expand(3, 15), atol=1e-8, rtol=1e-6)
+            torch.testing.assert_close(ind.Kff_diag(gp.kernel, X), kff)
+    y = torch.arange(15) % 3
+    for fn in (fit_ep, fit_gfitc):
+        gp = ps.SVGP(ps.ConvKernel(base, (H, W, 1), 3, 1), ps.InducingPatches(Z.clone()), ps.RobustMax(3),
+                     num_outputs=3)
+        with torch.enable_grad():
+            fn(gp, X, y, num_iters=2)
+        assert torch.isfinite(gp.predict(X)[0]).all()

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..kernels import kernel_diag, kernel_matrix
+from .. import inducing as ind
 from ..likelihoods_multiclass import RobustMax
 from ..linalg import KUU_INVERSE_ADVICE, cholesky, project_chol
 
@@ -82,18 +82,17 @@ def _check_module(module):
 
 
 def _fitc_stats(module, X):
-    """``(L [K, M, M], W [K, M, N], d [K, N])``: Cholesky factor of ``K(Z, Z)`` as the module computes it (same
-    jitter), ``W = L^{-1} K(Z, X)``, and the FITC diagonal ``d = k(x, x) - |w|^2`` (clamped at 0 against round-off)."""
-    Z = module.Z
+    """``(L [K, M, M], W [K, M, N], d [K, N])``: Cholesky factor of ``Kuu`` as the module computes it (same
+    jitter), ``W = L^{-1} Kuf``, and the FITC diagonal ``d = k(x, x) - |w|^2`` (clamped at 0 against round-off).
+    The covariances are those of the module's (inducing variable, kernel) pair (:func:`~pyro_sparsegp.inducing.Kuu`,
+    :func:`~pyro_sparsegp.inducing.Kuf`), so inducing patches of a convolutional kernel work as inducing points do."""
     K = module.num_outputs
-    Kuu = kernel_matrix(module.kernel, Z)
+    Kuu = ind.Kuu(module.inducing, module.kernel)  # [M, M] shared or [K, M, M] per class
     L = cholesky(Kuu, module.jitter, warn_singular=KUU_INVERSE_ADVICE)
-    Kuf = kernel_matrix(module.kernel, Z, X if Z.dim() == 2 else X.unsqueeze(-3))
-    (W,) = project_chol(Kuu, L, Kuf)
+    (W,) = project_chol(Kuu, L, ind.Kuf(module.inducing, module.kernel, X.unsqueeze(-3)))  # [1|K, M, N]
     M, N = W.shape[-2:]
-    if Z.dim() == 2:
-        L, W = L.expand(K, M, M), W.expand(K, M, N)
-    d = (kernel_diag(module.kernel, X) - W.pow(2).sum(-2)).clamp(min=0.0)
+    L, W = L.expand(K, M, M), W.expand(K, M, N)
+    d = (ind.Kff_diag(module.kernel, X) - W.pow(2).sum(-2)).clamp(min=0.0)
     return L, W, d
 
 
@@ -395,7 +394,7 @@ def fit_ep(
     N = X.shape[0]
     own = torch.nn.functional.one_hot(y, K).bool()
     F = _factor_counts(y, K).to(X.dtype)
-    M = module.Z.shape[-2]
+    M = module.inducing.num_inducing
     batch = batch_size is not None and batch_size < N
     if state is None:
         state = EPState(method)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..kernels import kernel_diag, kernel_matrix
+from .. import inducing as ind
 from ..likelihoods import Bernoulli
 from ..linalg import KUU_INVERSE_ADVICE, cholesky, project_chol
 
@@ -49,12 +49,12 @@ def _check(module, X, y):
 
 
 def _pieces(module, X):
-    Kmm = kernel_matrix(module.kernel, module.Z)
+    Kmm = ind.Kuu(module.inducing, module.kernel)  # the pair's covariances: inducing points or patches alike
     L = cholesky(Kmm, module.jitter, warn_singular=KUU_INVERSE_ADVICE)
-    (W,) = project_chol(Kmm, L, kernel_matrix(module.kernel, module.Z, X))  # [M, N]
+    (W,) = project_chol(Kmm, L, ind.Kuf(module.inducing, module.kernel, X))  # [M, N]
     eye = torch.eye(W.shape[0], dtype=W.dtype, device=W.device)
     Lb = cholesky(eye + W @ W.mT)  # B = I + W W^T: |Q + I| = |B|, (Q + I)^{-1} = I - W^T B^{-1} W
-    return L, W, Lb, kernel_diag(module.kernel, X)
+    return L, W, Lb, ind.Kff_diag(module.kernel, X)
 
 
 def _moments(a, sgn, s2):
