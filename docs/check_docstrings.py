@@ -33,14 +33,20 @@ CITE = re.compile(
     re.I,
 )
 # infrastructure that implements no paper equation: shapes are required, a citation is not
-NO_PAPER = {"pyro_sparsegp.infer.fit", "pyro_sparsegp.datasets", "pyro_sparsegp.kernels", "pyro_sparsegp.linalg",
+NO_PAPER = {"pyro_sparsegp.infer.fit", "pyro_sparsegp.infer.batches", "pyro_sparsegp.infer.checkpoint",
+            "pyro_sparsegp.infer.guard", "pyro_sparsegp.infer.distributed", "pyro_sparsegp.infer.steps",
+            "pyro_sparsegp.datasets", "pyro_sparsegp.kernels", "pyro_sparsegp.linalg",
             "pyro_sparsegp.composition", "pyro_sparsegp.data_stream", "pyro_sparsegp.validation",
             "pyro_sparsegp.deferred"}
 # objects that take or return no tensor: shapes do not apply
 NO_TENSORS = {
-    "pyro_sparsegp.infer.fit.FitState", "pyro_sparsegp.infer.fit.NonFiniteLossError",
-    "pyro_sparsegp.infer.fit.save_checkpoint", "pyro_sparsegp.infer.fit.load_checkpoint",
-    "pyro_sparsegp.infer.fit.EpochBatchSampler.steps_per_epoch", "pyro_sparsegp.infer.natgrad.natgrad_step_for",
+    "pyro_sparsegp.infer.checkpoint.FitState", "pyro_sparsegp.infer.guard.NonFiniteLossError",
+    "pyro_sparsegp.infer.checkpoint.save_checkpoint", "pyro_sparsegp.infer.checkpoint.load_checkpoint",
+    "pyro_sparsegp.infer.batches.EpochBatchSampler.steps_per_epoch", "pyro_sparsegp.infer.batches.BatchSource.restart",
+    "pyro_sparsegp.infer.distributed.rank_and_world_size", "pyro_sparsegp.infer.guard.StepGuard.begin",
+    "pyro_sparsegp.infer.guard.StepGuard.check", "pyro_sparsegp.infer.guard.StepGuard.is_numerical",
+    "pyro_sparsegp.infer.guard.StepGuard.numerical_failure", "pyro_sparsegp.infer.guard.StepGuard.redo",
+    "pyro_sparsegp.infer.steps.TrainingStep.clear", "pyro_sparsegp.infer.natgrad.natgrad_step_for",
     "pyro_sparsegp.kernels.expected_input_dim", "pyro_sparsegp.linalg.CholeskyJitterWarning",
     "pyro_sparsegp.linalg.default_jitter",
 }

@@ -300,3 +300,39 @@ def test_a_run_with_lazily_created_parameters_resumes_exactly(tmp_path):
     fit(resumed, X, y, num_steps=40, checkpoint=str(ckpt), resume=str(ckpt), **kw)
     for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
+
+
+@pytest.mark.parametrize("natgrad_lr", [0.1, None])
+def test_fits_update_is_the_natural_gradient_optimiser_over_its_adam(natgrad_lr):
+    """fit and a user's SVI share one engine: fit's update is ps.infer.NaturalGradient wrapping fit's own Adam (the
+    optimiser its checkpoints hold); without natural gradients it is that Adam alone."""
+    from pyro_sparsegp.infer.steps import TrainingStep
+
+    X = torch.randn(40, 2)
+    gp = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(0.1))
+    step = TrainingStep(gp, "analytic", 40, 0.01, natgrad_lr)
+    assert isinstance(step.engine, ps.infer.NaturalGradient) == (natgrad_lr is not None)
+    adam = step.engine.optim if natgrad_lr else step.engine
+    assert adam.optimizer is step.optimizer
+    if natgrad_lr:
+        assert step.engine.families == [gp.q_u] and step.engine.num_obs is not None
+        stepped = {id(p) for g in step.optimizer.param_groups for p in g["params"]}
+        assert not stepped & {id(p) for p in [*gp.q_u.parameters(), gp.likelihood.noise_unconstrained]}
+
+
+def test_the_fit_loop_keeps_to_the_house_rules():
+    """fit is a short loop over parts in modules of their own: no function over 80 lines of code (docstrings not
+    counted), no class over 200 lines, no file over 400, no ``nonlocal``."""
+    import ast
+    import pathlib
+
+    folder = pathlib.Path(ps.__file__).parent / "infer"
+    for name in ["fit", "batches", "checkpoint", "guard", "distributed", "steps"]:
+        src = (folder / f"{name}.py").read_text()
+        assert len(src.splitlines()) <= 400 and "nonlocal" not in src, name
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if ast.get_docstring(node) is not None:
+                    lines -= node.body[0].end_lineno - node.body[0].lineno + 1
+                assert lines <= (200 if isinstance(node, ast.ClassDef) else 80), (name, node.name, lines)

@@ -1,0 +1,89 @@
+"""Checkpoints of :func:`~pyro_sparsegp.infer.fit`: the whole training state (module parameters, optimiser state,
+step, losses, RNG states) in one torch file, written atomically, read back with a named error for a missing, empty,
+truncated, foreign or mismatching file; and :class:`FitState`, what ``fit`` returns and checkpoints."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["FitState", "save_checkpoint", "load_checkpoint", "CHECKPOINT_FORMAT"]
+
+CHECKPOINT_FORMAT = "pyro_sparsegp.fit/2"
+
+
+@dataclass
+class FitState:
+    """What :func:`fit` returns and checkpoints: the step count and the loss history (one float per step)."""
+
+    step: int = 0
+    losses: list = field(default_factory=list)
+
+
+def save_checkpoint(path, module, optimizer, state: FitState, extra: dict | None = None) -> None:
+    """Write the whole training state (module parameters, optimizer state, step, losses, RNG states and ``extra``,
+    e.g. fit's batch size) to ``path`` atomically (a temporary file, then a rename)."""
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "module": module.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "step": state.step,
+        "losses": list(state.losses),
+        "torch_rng": torch.get_rng_state(),
+        "extra": extra or {},
+    }
+    if torch.cuda.is_available():
+        payload["cuda_rng"] = torch.cuda.get_rng_state_all()
+    tmp = f"{path}.tmp"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def _read_checkpoint(path) -> dict:
+    """The payload of a checkpoint file, or a ``ValueError`` naming the file and what is wrong with it."""
+    if not os.path.isfile(path):
+        raise ValueError(f"checkpoint {path!r} does not exist (or is not a file)")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"checkpoint {path!r} is empty (an interrupted write?)")
+    try:
+        payload = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # truncated zip, garbage bytes, a pickle of arbitrary objects: all unreadable here
+        raise ValueError(
+            f"checkpoint {path!r} is not a readable torch file (truncated or not a checkpoint): "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
+    keys = {"format", "module", "optimizer", "step", "losses", "torch_rng"}
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT or not keys <= payload.keys():
+        raise ValueError(
+            f"checkpoint {path!r} was not written by pyro_sparsegp's fit/save_checkpoint (format "
+            f"{CHECKPOINT_FORMAT!r}); it holds a {type(payload).__name__}"
+            + (f" with keys {sorted(payload)[:8]}" if isinstance(payload, dict) else "")
+        )
+    return payload
+
+
+def load_checkpoint(path, module, optimizer=None, expect: dict | None = None) -> FitState:
+    """Restore what :func:`save_checkpoint` wrote into ``module`` (and ``optimizer``); returns the
+    :class:`FitState`. ``expect``: entries that the checkpoint's ``extra`` must match (fit passes its batch size,
+    data size, seed and world size). Raises ``ValueError`` naming the file for a missing, empty, truncated,
+    foreign or mismatching checkpoint; the module is left untouched then."""
+    payload = _read_checkpoint(path)
+    for k, v in (expect or {}).items():
+        saved = payload.get("extra", {}).get(k)
+        if saved != v:
+            raise ValueError(f"checkpoint {path!r} was written with {k}={saved!r}; this run has {k}={v!r}: resume "
+                             f"with the same {k} (or start afresh without resume)")
+    own = module.state_dict()
+    theirs = payload["module"]
+    if own.keys() != theirs.keys() or any(own[k].shape != theirs[k].shape for k in own):
+        diff = sorted(set(own) ^ set(theirs)) or [k for k in own if own[k].shape != theirs[k].shape]
+        raise ValueError(f"checkpoint {path!r} holds another module layout (differing entries: {diff[:6]})")
+    module.load_state_dict(theirs)
+    if optimizer is not None:
+        optimizer.load_state_dict(payload["optimizer"])
+    torch.set_rng_state(payload["torch_rng"])
+    if "cuda_rng" in payload and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(payload["cuda_rng"])
+    return FitState(int(payload["step"]), list(payload["losses"]))

@@ -1,0 +1,159 @@
+"""One optimisation step of :func:`~pyro_sparsegp.infer.fit`: the loss of a minibatch and its gradients, then the
+update, which is :class:`~pyro_sparsegp.infer.NaturalGradient`, the Pyro optimiser that ``SVI`` programs use, so that
+``fit`` and a user's ``SVI`` loop take the same steps (Salimbeni, Eleftheriadis, Hensman 2018's NGD + Adam hybrid):
+
+* natural-gradient steps on the full-covariance Gaussian families (Hensman, Fusi, Lawrence 2013, section 3.2:
+  :func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`) and the Fisher-scoring step on a learnable Gaussian
+  noise (:func:`~pyro_sparsegp.infer.natgrad.noise_step_from_grads_`), inside ``NaturalGradient``;
+* Adam on every other parameter: one ``torch.optim.Adam`` over all of them (its state is what checkpoints hold),
+  handed to ``NaturalGradient`` as the wrapped ``PyroOptim`` (:class:`_TorchOptim`); without natural gradients
+  it is the whole update;
+* SOLVE-GP's joint mean step (:func:`~pyro_sparsegp.infer.natgrad.solvegp_joint_natgrad_from_grads_`), which
+  ``NaturalGradient`` cannot take: it needs a probe set before the forward pass (:meth:`TrainingStep.gradients`
+  sets it), and an optimiser is called after the backward pass.
+
+The steps of the three parts touch disjoint parameters and read no other part's, so their order changes nothing.
+"""
+
+from __future__ import annotations
+
+import pyro
+import torch
+from pyro.infer import TraceMeanField_ELBO
+from pyro.optim import PyroOptim
+
+from ..likelihoods import Gaussian
+from .distributed import average_loss_and_gradients
+from .natgrad import (
+    clear_natgrad_probes,
+    natgrad_families,
+    natgrad_from_grads_,
+    natgrad_pairs,
+    noise_natgrad_likelihood,
+    set_natgrad_probes,
+    solvegp_joint_natgrad_from_grads_,
+)
+from .natural_gradient import NaturalGradient
+
+__all__ = ["TrainingStep"]
+
+
+def _default_elbo(module):
+    if hasattr(module, "analytic_elbo") and getattr(module, "likelihood", None) is not None:
+        return "analytic"
+    return TraceMeanField_ELBO()
+
+
+def _create_lazy_parameters(module, Xb, yb, num_data) -> None:
+    """Run the guide, then the model on the guide's draws, once on ``(Xb [B, D], yb [B, ...])``, without gradients
+    and with every RNG state restored after it (so the run is unchanged): parameters that the guide or model
+    creates at its first call (an autoguide inside the module, a lazily created ``PyroParam``) then exist when the
+    optimiser is built, and train like the others instead of keeping their initial values."""
+    rng = pyro.util.get_rng_state()
+    try:
+        with torch.no_grad():
+            guide_trace = pyro.poutine.trace(module.guide).get_trace(Xb, yb, num_data=num_data)
+            pyro.poutine.replay(module.model, trace=guide_trace)(Xb, yb, num_data=num_data)
+    finally:
+        pyro.util.set_rng_state(rng)
+
+
+class _TorchOptim(PyroOptim):
+    """A ``PyroOptim`` over one torch optimiser built beforehand on a fixed list of parameters (``fit``'s Adam):
+    a call steps every one of them that has a gradient (the parameters handed over are among them), and the state is
+    the torch optimiser's ``state_dict``. Takes and returns no tensor, so shapes do not apply."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):  # no PyroOptim.__init__: no per-parameter optimisers
+        self.optimizer = optimizer
+
+    def __call__(self, params, *args, **kwargs) -> None:
+        self.optimizer.step()
+
+    def get_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def set_state(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+
+class TrainingStep:
+    """The step of one ``fit`` run over ``module``: the objective (``elbo="analytic"``: minus
+    ``module.analytic_elbo``; else a Pyro ELBO's ``differentiable_loss`` of ``model``/``guide``, both on
+    ``(X [B, D], y [B, ...], num_data=N)``), the optimiser, and the update (module docstring). ``natgrad_lr``:
+    ``None`` (Adam on everything) or the step length in ``(0, 1]``; ``world_size > 1``: losses and gradients are
+    averaged over ranks after the backward pass.
+
+    :ivar optimizer: the ``torch.optim.Adam`` of the parameters that take no natural-gradient step (checkpointed).
+    """
+
+    def __init__(self, module, elbo, num_data: int, lr: float, natgrad_lr: float | None, world_size: int = 1):
+        families = natgrad_families(module) if natgrad_lr else []
+        if natgrad_lr and not families:
+            raise ValueError("natgrad_lr needs a module with a full-covariance Gaussian variational family (q_u)")
+        self.module, self.elbo, self.num_data, self.natgrad_lr, self.world_size = (
+            module, elbo, num_data, natgrad_lr, world_size)
+        self.noise_lik = noise_natgrad_likelihood(module) if families else None
+        # SOLVE-GP layers with both q(u) and q(v⊥) in the families move their means jointly (the closed-form bound
+        # carries the probe whose gradient couples them; natgrad.solvegp_joint_natgrad_from_grads_)
+        self.pairs = natgrad_pairs(module, families) if elbo == "analytic" else []
+        paired = {id(q) for gp in self.pairs for q in (gp.q_u, gp.q_v)}
+        solo = [q for q in families if id(q) not in paired]
+        nat_ids = {id(p) for q in families for p in q.parameters()}
+        if self.noise_lik is not None:
+            nat_ids.add(id(self.noise_lik.noise_unconstrained))
+        self.params = list(module.parameters())
+        self.optimizer = torch.optim.Adam([p for p in self.params if id(p) not in nat_ids], lr=lr)
+        adam = _TorchOptim(self.optimizer)
+        if not families:
+            self.engine, self.handed = adam, self.params
+            return
+        num_obs = num_data if self.noise_lik is not None else None  # set per batch in update
+        self.engine = NaturalGradient(adam, natgrad_lr, families=solo, num_obs=num_obs)
+        # what NaturalGradient is handed: not the pairs' families (their joint step is below) nor another Gaussian
+        # likelihood's noise (Adam's: only the module's likelihood takes the Fisher-scoring step)
+        others = {id(p) for gp in self.pairs for q in (gp.q_u, gp.q_v) for p in q.parameters()}
+        others |= {id(m.noise_unconstrained) for m in module.modules() if isinstance(m, Gaussian)
+                   and m is not self.noise_lik and "noise" in m._pyro_params}
+        self.handed = [p for p in self.params if id(p) not in others]
+
+    def loss(self, Xb, yb) -> torch.Tensor:
+        """The loss ``()`` (minus the ELBO) of the minibatch ``Xb [B, D], yb [B, ...]``."""
+        if self.elbo == "analytic":
+            return -self.module.analytic_elbo(Xb, yb, num_data=self.num_data)
+        return self.elbo.differentiable_loss(self.module.model, self.module.guide, Xb, yb, num_data=self.num_data)
+
+    def gradients(self, Xb, yb, context) -> torch.Tensor:
+        """The loss ``()`` of ``Xb [B, D], yb [B, ...]`` and its gradients (in the parameters' ``.grad``; forward
+        and backward passes inside ``context()``), averaged over ranks; sets the SOLVE-GP probes first
+        (:meth:`clear` removes them)."""
+        for p in self.params:
+            p.grad = None
+        set_natgrad_probes(self.pairs)
+        with context():
+            loss = self.loss(Xb, yb)
+            loss.backward()
+        if self.world_size > 1:  # data-parallel: average the loss and the gradients over ranks
+            loss = average_loss_and_gradients(loss, self.params + [gp._cross_probe for gp in self.pairs])
+        return loss
+
+    def grads(self) -> list:
+        """The gradients of the last :meth:`gradients` (tensors of the parameters' shapes; ``None`` s left out)."""
+        return [p.grad for p in self.params if p.grad is not None]
+
+    def update(self, yb, context) -> None:
+        """The update from the gradients (module docstring), inside ``context()``; ``yb [B, ...]`` gives the number
+        of observations per data point for the noise's step (``N L`` for ``y [N, L]``)."""
+        with context():
+            if self.noise_lik is not None:  # y [B] or [B, L]: num_data * L observations share the noise
+                self.engine.num_obs = self.num_data * (yb.numel() // max(yb.shape[0], 1))
+            self.engine(self.handed)
+            for gp in self.pairs:
+                if gp._cross_probe.grad is not None:
+                    solvegp_joint_natgrad_from_grads_(gp, self.natgrad_lr)
+                else:  # a bound that bypassed the layer's qf: the factors' own natural-gradient steps
+                    natgrad_from_grads_(gp.q_u, self.natgrad_lr)
+                    natgrad_from_grads_(gp.q_v, self.natgrad_lr)
+
+    def clear(self) -> None:
+        """Remove the SOLVE-GP probes (however the step ended)."""
+        clear_natgrad_probes(self.pairs)
