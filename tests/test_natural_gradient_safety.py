@@ -22,6 +22,7 @@ from pyro_sparsegp.infer.natgrad_options import resolve_natgrad
 from pyro_sparsegp.infer.schedules import LogLinearWarmup, as_schedule
 from pyro_sparsegp.variational import GaussianQ
 
+
 # -- warm-up ----------------------------------------------------------------------------------------------------------
 def test_warmup_schedule_is_log_linear_from_start_to_target():
     s = LogLinearWarmup(0.1, steps=5, start=1e-4)
@@ -47,6 +48,7 @@ def test_natural_gradient_optimiser_follows_the_warmup():
     opt = NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=0.5, warmup=3, warmup_start=0.01)
     assert opt.natgrad_lr == 0.5 and "warmup=3" in repr(opt)
     params = [gp.q_u.u_loc_unconstrained, gp.q_u.u_scale_tril_unconstrained]
+    prev_star = None
     for k in range(5):
         before = IterateAverage.natural(gp.q_u)
         for p in params:

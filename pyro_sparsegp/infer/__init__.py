@@ -1,5 +1,6 @@
 """Inference: natural-gradient steps, the ``fit`` training loop, EP/SEP (``fit_ep``) and MFSp (``fit_mfsp``)."""
 
+from .averaging import IterateAverage
 from .ep import EPState, ep_log_evidence, ep_surrogate, fit_ep
 from .fit import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
 from .mfsp import MFSpState, fit_mfsp, mfsp_bound
@@ -17,6 +18,7 @@ from .natgrad import (
     solvegp_natgrad_step,
 )
 from .natural_gradient import NaturalGradient
+from .schedules import LogLinearWarmup
 
 __all__ = [
     "fit_ep",
@@ -33,6 +35,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "NaturalGradient",
+    "LogLinearWarmup",
+    "IterateAverage",
     "natgrad_step",
     "gaussian_natgrad_step",
     "polya_gamma_natgrad_step",

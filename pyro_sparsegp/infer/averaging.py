@@ -26,7 +26,8 @@ __all__ = ["IterateAverage"]
 
 
 class IterateAverage:
-    r"""Running Polyak-Ruppert average of q(u)'s natural parameters and the noise variance (module docstring).
+    r"""Running Polyak-Ruppert average (Polyak and Juditsky 1992) of q(u)'s natural parameters (those of Hensman,
+    Fusi, Lawrence 2013, section 3.2) and of the noise variance (module docstring).
 
     :param families: the full-covariance ``GaussianQ`` modules (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``).
     :param noises: :class:`~pyro_sparsegp.Gaussian` likelihoods whose learnable noise (a scalar ``()``) to average.
@@ -58,7 +59,8 @@ class IterateAverage:
 
     @torch.no_grad()
     def update(self, step: int) -> None:
-        """Add the current iterate to the average if ``step >= start`` (``step``: the number of the step just taken)."""
+        """Add the current iterate to the average if ``step >= start`` (``step``: the number of the step just taken;
+        an ``int``, so shapes do not apply)."""
         if step < self.start:
             return
         cur = self._current()
@@ -69,11 +71,13 @@ class IterateAverage:
         self.count += 1
 
     def mark(self) -> None:
-        """Remember the average as it is now (the start of a window of steps that may be redone)."""
+        """Remember the average as it is now (the start of a window of steps that may be redone; no tensors in or
+        out, so shapes do not apply)."""
         self._mark = (self.count, None if self.sums is None else [t.clone() for t in self.sums])
 
     def rewind(self) -> None:
-        """Back to the average at the last :meth:`mark` (a redone window's steps are counted once)."""
+        """Back to the average at the last :meth:`mark` (a redone window's steps are counted once; no tensors in or
+        out, so shapes do not apply)."""
         self.count, sums = self._mark
         self.sums = None if sums is None else [t.clone() for t in sums]
 
@@ -96,7 +100,8 @@ class IterateAverage:
     @torch.no_grad()
     def write_(self) -> bool:
         """Write the averages into the families and noises in place (their unconstrained tensors keep their identity,
-        so an optimiser holding them stays valid). Returns whether anything was averaged."""
+        so an optimiser holding them stays valid; no tensors in or out, so shapes do not apply). Returns whether
+        anything was averaged."""
         avg = self.averages()
         if not avg:
             return False

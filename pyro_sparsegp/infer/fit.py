@@ -393,7 +393,8 @@ def fit(
         any other likelihood (Bernoulli, Pólya-Gamma, robust-max, softmax) together with the positive-definite step
         and a 20-step warm-up (``natgrad_retraction``, ``natgrad_warmup``: on digits, M = 100, robust-max and
         softmax VI reached a higher test accuracy in fewer steps than Adam, ``benchmarks/natgrad_nonconjugate.py``);
-        with a Pyro ELBO passed as ``elbo``, ``None`` (Adam on everything). If set (``0 < natgrad_lr <= 1``), every full-covariance Gaussian variational family
+        with a Pyro ELBO passed as ``elbo``, ``None`` (Adam on everything). If set (``0 < natgrad_lr <= 1``),
+        every full-covariance Gaussian variational family
         (q(u); SOLVE-GP's q(v⊥) too) takes natural-gradient steps of this length computed from the same backward
         pass (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`; Hensman et al. 2013 section 3.2; with
         ``elbo="analytic"`` a SOLVE-GP's two means move jointly,

@@ -20,7 +20,10 @@ Pólya-Gamma steps :math:`g_2` is negative semi-definite, so the new precision
 not log-concave (robust-max), or with a large step on a non-conjugate one, :math:`-2 g_2` can be indefinite and the
 step can leave the positive-definite cone. :func:`natgrad_step` therefore **damps**: it halves the step (separately
 for each output) until the new precision has a Cholesky factor, at most 30 times (then that output is left
-unchanged), and reports a damped step once per process with :class:`NatGradDampingWarning`.
+unchanged), and reports a damped step once per process with :class:`NatGradDampingWarning`. The positive-definite
+step of Lin, Schmidt, Khan (2020) (``retraction=True`` in :func:`natgrad_from_grads_`; ``fit``'s
+``natgrad_retraction``, on by default for non-conjugate likelihoods and deep GPs' hidden layers) never leaves the
+cone, so for it damping is reserved for non-finite gradients.
 """
 
 from __future__ import annotations
@@ -352,7 +355,8 @@ def _damp(factor, D, info, rho, lr, retraction):
     """Damping (the module docstring): halve the step ``rho [...]`` of each output whose new precision has no
     Cholesky factor (``info [...] > 0``; a non-log-concave likelihood, too long a step, a noisy gradient), at most
     ``_MAX_HALVINGS`` times, then set it to 0 (that output keeps its q); ``factor(rho)`` returns ``(D, info)`` with
-    ``D [..., M, M]``. Warns once (:class:`NatGradDampingWarning`) with the remedy that applies. Returns ``(D, rho)``."""
+    ``D [..., M, M]``. Warns once (:class:`NatGradDampingWarning`) with the remedy that applies. Returns
+    ``(D, rho)``."""
     halvings = 0
     while bool((info > 0).any()) and halvings <= _MAX_HALVINGS:
         bad = info > 0

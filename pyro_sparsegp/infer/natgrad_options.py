@@ -42,7 +42,7 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
     """``(natgrad_lr, plan)``: the step length after the warm-up (a float, or ``None``: natural gradients off) and
     the :class:`NatGradPlan` for ``fit`` (module docstring for ``"auto"``). ``elbo``: ``fit``'s argument;
     ``default_elbo``: what ``fit`` would use without one (``"analytic"`` or a Pyro ELBO). No tensors, so shapes do
-    not apply."""
+    not apply. Implements the choices of Salimbeni, Eleftheriadis, Hensman (2018) and Lin, Schmidt, Khan (2020)."""
     from ..likelihoods import Gaussian
 
     analytic = (elbo is None or elbo == "analytic") and default_elbo == "analytic"
@@ -73,7 +73,9 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
 
 
 class NatGradPlan:
-    """What ``fit`` does with the natural-gradient families and the noise beyond a constant step: built by
+    """What ``fit`` does with the natural-gradient families and the noise beyond a constant step (Salimbeni,
+    Eleftheriadis, Hensman 2018's warm-up; Lin, Schmidt, Khan 2020's positive-definite step; Polyak-Ruppert averaging
+    of the natural parameters of Hensman, Fusi, Lawrence 2013, section 3.2): built by
     :func:`resolve_natgrad`, then :meth:`start` once the families are known. No tensors of its own (the average's are
     in :class:`~pyro_sparsegp.infer.averaging.IterateAverage`), so shapes do not apply."""
 
@@ -84,14 +86,17 @@ class NatGradPlan:
 
     def families(self) -> list:
         """The families that take natural steps: ``natgrad_layers="all"`` every full-covariance ``GaussianQ``, else
-        the module's own choice (:func:`~pyro_sparsegp.infer.natgrad.natgrad_families`; a DeepGP's last layer)."""
+        the module's own choice (:func:`~pyro_sparsegp.infer.natgrad.natgrad_families`; a DeepGP's last layer).
+        Returns a list of modules (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``)."""
         if self.layers == "all":
             return all_layer_families(self.module)
         return natgrad_families(self.module)
 
     def start(self, families, noise_lik, natgrad_lr) -> None:
         """Fix the schedule (a :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup` to ``natgrad_lr``), the families
-        off the likelihood's layer (for the ``"auto"`` positive-definite step) and the averager (if ``average``)."""
+        off the likelihood's layer (for the ``"auto"`` positive-definite step) and the averager (if ``average``).
+        ``families``: modules (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``); ``noise_lik``: a Gaussian
+        likelihood with a scalar ``()`` noise, or ``None``."""
         if natgrad_lr:
             self.schedule = LogLinearWarmup(natgrad_lr, self.warmup, min(1e-4, natgrad_lr))
         own = {id(q) for q in natgrad_families(self.module)}
@@ -101,33 +106,37 @@ class NatGradPlan:
             self.averager = IterateAverage(families, [noise_lik] if noise_lik is not None else [], start=start)
 
     def lr(self, step: int) -> float:
-        """The natural step length at step ``step`` (after the warm-up: ``natgrad_lr``)."""
+        """The natural step length at step ``step`` (after the warm-up: ``natgrad_lr``; no tensors, so shapes do not
+        apply)."""
         return self.schedule(step)
 
     def retract(self, q) -> bool:
         """Whether family ``q`` takes the positive-definite step: ``natgrad_retraction`` if given, else (``"auto"``)
         for a non-conjugate likelihood and for every family off the likelihood's layer (a deep GP's hidden layers,
         whose gradient is a Monte Carlo estimate), not for a Gaussian likelihood's own layer (the plain step is
-        exact there)."""
+        exact there). ``q``: a module (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``); returns a bool."""
         if self.retraction is not None:
             return self.retraction
         return not self.conjugate or id(q) in self._hidden
 
     def after_step(self, step: int) -> None:
-        """Add the iterate after step ``step`` to the average (from the averaging start on)."""
+        """Add the iterate after step ``step`` to the average (from the averaging start on; no tensors, so shapes do
+        not apply)."""
         if self.averager is not None:
             self.averager.update(step)
 
     def mark(self) -> None:
-        """The start of a window of steps that may be redone (``fit`` on an accelerator)."""
+        """The start of a window of steps that may be redone (``fit`` on an accelerator; no tensors, so shapes do not
+        apply)."""
         if self.averager is not None:
             self.averager.mark()
 
     def rewind(self) -> None:
-        """A window is redone: drop its steps from the average."""
+        """A window is redone: drop its steps from the average (no tensors, so shapes do not apply)."""
         if self.averager is not None:
             self.averager.rewind()
 
     def finish(self) -> bool:
-        """Write the average into the module (``average`` given and at least one step averaged)."""
+        """Write the average into the module (``average`` given and at least one step averaged; no tensors, so shapes
+        do not apply)."""
         return self.averager is not None and self.averager.write_()
