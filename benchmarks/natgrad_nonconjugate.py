@@ -3,6 +3,7 @@ items 3-4). Prints a table and writes JSON rows keyed by ``dataset``/``likelihoo
 
     python benchmarks/natgrad_nonconjugate.py [--part digits|dgp|all] [--steps 100 300] [--dgp-steps 1000]
                                               [--dgp-seeds 0 1] [--dgp-models dgp2 dgp3] [--json PATH]
+                                              [--stress-seeds 20] [--stress-steps 100]
 
 **Digits** (scikit-learn ``load_digits``: 1,797 8x8 images, 10 classes): one fixed split (``numpy`` permutation with
 seed 0: the first 1,200 rows train, the other 597 test), inputs standardised on the training rows (constant pixels
@@ -27,7 +28,9 @@ and the seeds ``--dgp-seeds`` (initialisation and minibatch order; only split 0 
 ``default`` (``fit``'s default: natural steps on the last layer only) and ``nat_all`` (``natgrad_layers="all"``:
 every layer; hidden layers take the positive-definite step). Metrics: test log-likelihood (100-sample predictive
 mixture) and RMSE in the original units, the training bound per point (Salimbeni's estimator on the training set),
-wall seconds, and Cholesky/damping failures (a ``NonFiniteLossError`` or a ``NatGradDampingWarning``).
+wall seconds, and Cholesky/damping failures (a ``NonFiniteLossError`` or a ``NatGradDampingWarning``). ``--part
+stress``: ``nat_all`` on ``--stress-seeds`` seeds for the first ``--stress-steps`` steps (where the hidden q(u),
+started at 1e-5 of the prior scale, is most fragile), counting failures.
 """
 
 from __future__ import annotations
@@ -151,6 +154,29 @@ def kin8nm_rows(args) -> list:
     return rows
 
 
+def stress_rows(args) -> list:
+    """``--stress-seeds S``: DGP 2 and 3 with natural steps on every layer for ``--stress-steps`` steps from ``S``
+    seeds (the first steps, where the hidden q(u) at 1e-5 of the prior scale is most fragile): failures only."""
+    d = ps.datasets.load_kin8nm()
+    X = (d.X_train - d.X_train.mean(0)) / d.X_train.std(0)
+    y = (d.y_train - d.y_train.mean()) / d.y_train.std()
+    rows = []
+    for model in args.dgp_models:
+        fails = []
+        for seed in range(args.stress_seeds):
+            pyro.clear_param_store()
+            hidden = [min(30, X.shape[1])] * {"dgp2": 1, "dgp3": 2}[model]
+            dgp = build_deep_gp(X, hidden, ps.Gaussian(0.05), num_samples=5, seed=seed, num_inducing=100)
+            secs, fail = _run(lambda dgp=dgp, seed=seed: ps.infer.fit(
+                dgp, X, y, num_steps=args.stress_steps, batch_size=1000, lr=0.01, elbo="analytic", seed=seed,
+                progress=False, natgrad_layers="all"))
+            fails += [f"seed {seed}: {fail}"] if fail else []
+        rows.append({"dataset": "kin8nm", "likelihood": model, "method": "nat_all_stress", "seeds": args.stress_seeds,
+                     "steps": args.stress_steps, "failures": len(fails), "failure": "; ".join(fails)})
+        print(table(rows[-1:], list(rows[-1])), flush=True)
+    return rows
+
+
 def summary(rows) -> list:
     """Mean over seeds per (likelihood, method) for the DGP rows."""
     out = {}
@@ -166,7 +192,9 @@ def summary(rows) -> list:
 
 def main():
     p = parser(__doc__)
-    p.add_argument("--part", choices=["digits", "dgp", "all"], default="all")
+    p.add_argument("--part", choices=["digits", "dgp", "stress", "all"], default="all")
+    p.add_argument("--stress-seeds", type=int, default=20)
+    p.add_argument("--stress-steps", type=int, default=100)
     p.add_argument("--steps", type=int, nargs="+", default=[100, 300], help="fit steps for digits VI")
     p.add_argument("--dgp-steps", type=int, default=1000)
     p.add_argument("--dgp-seeds", type=int, nargs="+", default=[0, 1])
@@ -174,6 +202,7 @@ def main():
     args = p.parse_args()
     if args.quick:
         args.steps, args.dgp_steps, args.dgp_seeds, args.dgp_models = [30], 50, [0], ["dgp2"]
+        args.stress_seeds, args.stress_steps = 2, 10
     setup(args)
     torch.set_default_dtype(torch.float64)
     rows = []
@@ -188,6 +217,8 @@ def main():
                                  "failure"]))
         print("\n" + table(summary(dgp), ["model", "method", "seeds", "test_ll", "rmse", "train_elbo", "wall_s",
                                           "failures"]))
+    if args.part in ("stress", "all"):
+        rows += stress_rows(args)
     write_json(args.json, rows)
 
 
