@@ -267,10 +267,15 @@ def test_auto_policy_per_likelihood():
     conj = ps.SVGP(RBF(1), Z, ps.Gaussian(0.1))
     lr, plan = resolve_natgrad(conj, "auto", None, "analytic")
     assert lr == 0.1 and plan.warmup == 0 and not plan.retract(conj.q_u)
-    for lik, K in ((ps.Bernoulli(), None), (ps.RobustMax(3), 3), (ps.Softmax(3), 3), (ps.PolyaGammaLogit(), None)):
+    pg = ps.SVGP(RBF(1), Z, ps.PolyaGammaLogit())  # Gaussian in u given omega: the plain step, as conjugate
+    lr, plan = resolve_natgrad(pg, "auto", None, "analytic")
+    assert lr == 0.1 and plan.warmup == 0 and not plan.retract(pg.q_u)
+    for lik, K in ((ps.Bernoulli(), None), (ps.Bernoulli("logit"), None), (ps.RobustMax(3), 3), (ps.Softmax(3), 3)):
         gp = ps.SVGP(RBF(1), Z, lik, num_outputs=K)
         lr, plan = resolve_natgrad(gp, "auto", None, "analytic")
         assert lr == 0.1 and plan.warmup > 0 and plan.retract(gp.q_u)
+        _, plan = resolve_natgrad(gp, 0.3, None, "analytic", retraction=False)  # an explicit choice wins
+        assert not plan.retract(gp.q_u) and plan.warmup == 0
     lr, _ = resolve_natgrad(gp, "auto", Trace_ELBO(), "analytic")  # a Pyro ELBO: off, as before
     assert lr is None
     with pytest.raises(ValueError, match="average"):

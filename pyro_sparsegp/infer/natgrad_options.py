@@ -5,10 +5,11 @@ families take natural steps, and the iterate average at the end (:mod:`~pyro_spa
 
 The ``"auto"`` policy (measured by ``benchmarks/natgrad_nonconjugate.py``; see :func:`resolve_natgrad`):
 
-* a :class:`~pyro_sparsegp.Gaussian` likelihood on the closed-form bound: step length 0.1, no warm-up, the plain step
-  (exact at length 1 for a conjugate likelihood), on the module's own families (a DeepGP's last layer);
-* every other likelihood on the closed-form bound (Bernoulli, Pólya-Gamma, robust-max, softmax): natural steps of
-  length :data:`AUTO_NONCONJUGATE_LR` with the positive-definite step and a warm-up of :data:`AUTO_WARMUP` steps;
+* a :class:`~pyro_sparsegp.Gaussian` or :class:`~pyro_sparsegp.PolyaGammaLogit` likelihood on the closed-form bound
+  (conjugate given the bound: the plain step's precision is positive definite by itself): step length 0.1, no
+  warm-up, the plain step (exact at length 1), on the module's own families (a DeepGP's last layer);
+* every other likelihood on the closed-form bound (Bernoulli, robust-max, softmax): natural steps of length
+  :data:`AUTO_NONCONJUGATE_LR` with the positive-definite step and a warm-up of :data:`AUTO_WARMUP` steps;
 * a Pyro ELBO passed as ``elbo``: natural gradients off (``None``), as before.
 """
 
@@ -43,10 +44,12 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
     the :class:`NatGradPlan` for ``fit`` (module docstring for ``"auto"``). ``elbo``: ``fit``'s argument;
     ``default_elbo``: what ``fit`` would use without one (``"analytic"`` or a Pyro ELBO). No tensors, so shapes do
     not apply. Implements the choices of Salimbeni, Eleftheriadis, Hensman (2018) and Lin, Schmidt, Khan (2020)."""
-    from ..likelihoods import Gaussian
+    from ..likelihoods import Gaussian, PolyaGammaLogit
 
     analytic = (elbo is None or elbo == "analytic") and default_elbo == "analytic"
-    conjugate = isinstance(getattr(module, "likelihood", None), Gaussian)
+    # conjugate given the bound: Gaussian, and Polya-Gamma's augmented bound (Gaussian in u given omega, whose
+    # data term's curvature is negative semi-definite): the plain step is positive definite by itself
+    conjugate = isinstance(getattr(module, "likelihood", None), (Gaussian, PolyaGammaLogit))
     if isinstance(natgrad_lr, str) and natgrad_lr == "auto":
         natgrad_lr = None
         if analytic and natgrad_families(module):
