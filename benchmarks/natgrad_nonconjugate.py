@@ -15,7 +15,7 @@ one set of inducing inputs shared by the classes); ``lik`` robust-max (epsilon 1
 * ``ep``: ``ps.infer.fit_ep`` (robust-max only; its defaults: 250 damped batch iterations with hyperparameter steps);
 * ``adam``: ``fit(natgrad_lr=None)``: Adam (lr 0.01) on everything (the default for these likelihoods before);
 * ``nat_plain``: ``fit(natgrad_lr=0.1, natgrad_warmup=0, natgrad_retraction=False)``: the plain natural step;
-* ``nat_auto``: ``fit(natgrad_lr="auto")``: length 0.1, the positive-definite step, a 20-step warm-up;
+* ``nat_auto``: ``fit(natgrad_lr="auto")``: length 0.1, the positive-definite step, a 5-step warm-up (the paper's);
 * ``nat_auto_avg``: as ``nat_auto`` with ``average=0.25`` (the last quarter's iterates averaged);
 
 all through ``fit`` on the full batch (1,200) with the closed-form bound for ``--steps`` steps. Metrics: test

@@ -391,7 +391,7 @@ def fit(
     :param float natgrad_lr: ``"auto"`` (default), for a module trained on its closed-form bound: ``0.1`` with a
         :class:`~pyro_sparsegp.Gaussian` or :class:`~pyro_sparsegp.PolyaGammaLogit` likelihood (conjugate given the
         bound: the plain step is exact and stable); ``0.1`` with any other likelihood (Bernoulli, robust-max,
-        softmax) together with the positive-definite step and a 20-step warm-up (``natgrad_retraction``,
+        softmax) together with the positive-definite step and a 5-step warm-up (``natgrad_retraction``,
         ``natgrad_warmup``): on digits (M = 100, 1,200 / 597, full batch, 100 steps;
         ``benchmarks/natgrad_nonconjugate.py``) robust-max VI reached 0.982 test accuracy (Adam 0.970, EP 0.975)
         and softmax VI 0.966 (Adam 0.945), in less wall time than ``fit_ep``; a deep GP's natural steps stay on its
@@ -434,8 +434,8 @@ def fit(
         exact differences), with a :class:`~pyro_sparsegp.linalg.CholeskyJitterWarning` for the jitter.
     :param natgrad_warmup: steps of a log-linear warm-up of the natural step length from ``1e-4`` to
         ``natgrad_lr`` (Salimbeni, Eleftheriadis, Hensman 2018; :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup`;
-        the schedule counts from step 0, so a resumed run continues it). ``"auto"`` (default): 20 where ``"auto"``
-        turned natural gradients on for a non-conjugate likelihood, else 0.
+        the schedule counts from step 0, so a resumed run continues it). ``"auto"`` (default): 5 (the paper's)
+        where ``"auto"`` turned natural gradients on for a non-conjugate likelihood, else 0.
     :param natgrad_retraction: ``True``: every family takes the positive-definite precision step of Lin, Schmidt,
         Khan (2020) (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`; never damped); ``False``: the plain
         step (damped by halving where it would leave the positive-definite cone). ``"auto"`` (default): the
