@@ -11,8 +11,9 @@ The ``"auto"`` policy (measured by ``benchmarks/natgrad_nonconjugate.py``; see :
 * every other likelihood on the closed-form bound (Bernoulli, robust-max, softmax): natural steps of length
   :data:`AUTO_NONCONJUGATE_LR` with the positive-definite step and a warm-up of :data:`AUTO_WARMUP` steps;
 * a Pyro ELBO passed as ``elbo``: natural gradients off (``None``), as before;
-* a deep GP: natural steps on the last layer only (``natgrad_layers="auto"`` is ``"last"``): on kin8nm (DGP 2, 1,000
-  steps, 2 seeds) natural steps on every layer gave a higher training bound but a lower test log-likelihood.
+* a deep GP: natural steps on the last layer only (``natgrad_layers="auto"`` is ``"last"``): on kin8nm (DGP 2 and 3,
+  1,000 steps, 2 seeds) natural steps on every layer gave a higher training bound (-0.25 against -0.30 and -0.37
+  nats per point) but a lower test log-likelihood (by 0.03 and 0.04 nats), and no failure over 20 seeds.
 """
 
 from __future__ import annotations
