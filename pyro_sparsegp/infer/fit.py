@@ -398,8 +398,8 @@ def fit(
         warm-up was as accurate but had to be damped on robust-max. A deep GP's natural steps stay on its last
         layer (``natgrad_layers``: on kin8nm, DGP 2 and 3 at 1,000 steps, 2 seeds, natural steps on every layer
         raised the training bound, -0.25 against -0.30 and -0.37 nats per point, but lowered the test
-        log-likelihood by 0.03 and 0.04). With a Pyro ELBO passed as ``elbo``: ``None`` (Adam on everything). If set (``0 < natgrad_lr <= 1``), every
-        full-covariance Gaussian variational family
+        log-likelihood by 0.03 and 0.04). With a Pyro ELBO passed as ``elbo``: ``None`` (Adam on everything). If
+        set (``0 < natgrad_lr <= 1``), every full-covariance Gaussian variational family
         (q(u); SOLVE-GP's q(v⊥) too) takes natural-gradient steps of this length computed from the same backward
         pass (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`; Hensman et al. 2013 section 3.2; with
         ``elbo="analytic"`` a SOLVE-GP's two means move jointly,
