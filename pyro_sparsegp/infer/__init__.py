@@ -1,6 +1,7 @@
 """Inference: natural-gradient steps, the ``fit`` training loop, EP/SEP (``fit_ep``), GFITC (``fit_gfitc``) and MFSp
 (``fit_mfsp``)."""
 
+from .averaging import IterateAverage
 from .ep import EPState, ep_log_evidence, ep_surrogate, fit_ep
 from .fit import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
 from .gfitc import GFITCConvergenceWarning, GFITCState, fit_gfitc, gfitc_log_evidence, gfitc_surrogate
@@ -19,6 +20,7 @@ from .natgrad import (
     solvegp_natgrad_step,
 )
 from .natural_gradient import NaturalGradient
+from .schedules import LogLinearWarmup
 
 __all__ = [
     "fit_ep",
@@ -40,6 +42,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "NaturalGradient",
+    "LogLinearWarmup",
+    "IterateAverage",
     "natgrad_step",
     "gaussian_natgrad_step",
     "polya_gamma_natgrad_step",

@@ -58,7 +58,7 @@ from .guard import (  # noqa: F401
     _Snapshots,
     deferred_checks_for,
 )
-from .natgrad import natgrad_families
+from .natgrad_options import NatGradPlan, resolve_natgrad
 from .progress import Progress
 from .steps import TrainingStep, _create_lazy_parameters, _default_elbo
 
@@ -102,16 +102,16 @@ class _Arguments:
     sync_every: int
     dtype: torch.dtype
     device: torch.device
+    plan: NatGradPlan  # warm-up, positive-definite step, layers, iterate average (natgrad_options.py)
 
 
-def _natgrad_lr(module, natgrad_lr, elbo):
-    if isinstance(natgrad_lr, str) and natgrad_lr == "auto":
-        from ..likelihoods import Gaussian
-
-        auto = (elbo is None or elbo == "analytic") and _default_elbo(module) == "analytic"
-        gaussian = isinstance(getattr(module, "likelihood", None), Gaussian)
-        natgrad_lr = 0.1 if auto and gaussian and natgrad_families(module) else None
-    return _positive("natgrad_lr", natgrad_lr, allow_none=True, high=1)
+def _natgrad(module, natgrad_lr, elbo, num_steps, options: dict):
+    """``(natgrad_lr, plan)``: the step length (a float in ``(0, 1]`` or ``None``) and the
+    :class:`~pyro_sparsegp.infer.natgrad_options.NatGradPlan` of fit's natural-gradient ``options`` (``"auto"``
+    resolved per likelihood and layer type)."""
+    natgrad_lr, plan = resolve_natgrad(module, natgrad_lr, elbo, _default_elbo(module), num_steps=num_steps,
+                                       **options)
+    return _positive("natgrad_lr", natgrad_lr, allow_none=True, high=1), plan
 
 
 def _check_files(checkpoint, checkpoint_every, resume, num_steps):
@@ -161,13 +161,13 @@ def _check_data(module, X, y, dataset, loader, num_data):
 
 
 def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_size, lr, natgrad_lr, elbo, seed,
-                     checkpoint, checkpoint_every, resume, sync_every) -> _Arguments:
+                     checkpoint, checkpoint_every, resume, sync_every, natgrad_options: dict) -> _Arguments:
     """fit's arguments checked (a ``ValueError`` or ``TypeError`` naming the first wrong one, before anything is
     touched) and completed with their defaults."""
     num_steps = _int("num_steps", num_steps, 0)
     batch_size = _int("batch_size", batch_size, 1)
     lr = _positive("lr", lr)
-    natgrad_lr = _natgrad_lr(module, natgrad_lr, elbo)
+    natgrad_lr, plan = _natgrad(module, natgrad_lr, elbo, num_steps, natgrad_options)
     checkpoint_every = _int("checkpoint_every", checkpoint_every, 0)
     seed = _int("seed", seed, 0)
     _check_files(checkpoint, checkpoint_every, resume, num_steps)
@@ -184,7 +184,7 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
         raise TypeError(f'elbo="analytic" needs a module with analytic_elbo; {type(module).__name__} has none')
     sync_every = (20 if device.type != "cpu" else 1) if sync_every is None else _int("sync_every", sync_every, 1)
     return _Arguments(X, y, num_data, num_steps, batch_size, lr, natgrad_lr, elbo, seed, checkpoint_every,
-                      sync_every, dtype, device)
+                      sync_every, dtype, device, plan)
 
 
 class _RunningElbo:
@@ -206,7 +206,8 @@ def _guarded_step(step: int, source: BatchSource, trainer: TrainingStep, guard: 
         Xb, yb = next(source)
         loss = trainer.gradients(Xb, yb, guard.context)
         guard.record(step, loss, trainer.grads())
-        trainer.update(yb, guard.context)
+        trainer.update(yb, guard.context, step)
+        trainer.plan.after_step(step)  # the iterate average (``average``)
     except (NonFiniteLossError, _Redo):
         raise
     except Exception as exc:  # noqa: BLE001 - classified: only numerical failures are caught
@@ -237,6 +238,10 @@ def fit(
     resume: str | None = None,
     callback=None,
     sync_every: int | None = None,
+    natgrad_warmup: int | str = "auto",
+    natgrad_retraction: bool | str = "auto",
+    natgrad_layers: str = "auto",
+    average: float | None = None,
 ) -> FitState:
     """Train ``module`` by maximising its ELBO.
 
@@ -251,9 +256,18 @@ def fit(
     :param int num_steps: total number of optimisation steps (a resumed run continues up to this number).
     :param int batch_size: minibatch size for ``X, y`` or ``dataset`` (a positive integer).
     :param float lr: Adam learning rate (> 0).
-    :param float natgrad_lr: ``"auto"`` (default): ``0.1`` for a module trained on its closed-form bound with a
-        :class:`~pyro_sparsegp.Gaussian` likelihood (conjugate: the step is exact and stable), else ``None`` (Adam
-        on everything). If set (``0 < natgrad_lr <= 1``), every full-covariance Gaussian variational family
+    :param float natgrad_lr: ``"auto"`` (default), for a module trained on its closed-form bound: ``0.1`` with a
+        :class:`~pyro_sparsegp.Gaussian` or :class:`~pyro_sparsegp.PolyaGammaLogit` likelihood (conjugate given the
+        bound: the plain step is exact and stable); ``0.1`` with any other likelihood (Bernoulli, robust-max,
+        softmax) together with the positive-definite step and a 5-step warm-up (``natgrad_retraction``,
+        ``natgrad_warmup``): on digits (M = 100, 1,200 / 597, full batch, 100 steps;
+        ``benchmarks/natgrad_nonconjugate.py``) robust-max VI reached 0.983 test accuracy (Adam 0.970, EP 0.975)
+        and softmax VI 0.966 (Adam 0.945), each in about a sixth of ``fit_ep``'s wall time; the plain step without
+        warm-up was as accurate but had to be damped on robust-max. A deep GP's natural steps stay on its last
+        layer (``natgrad_layers``: on kin8nm, DGP 2 and 3 at 1,000 steps, 2 seeds, natural steps on every layer
+        raised the training bound, -0.25 against -0.30 and -0.37 nats per point, but lowered the test
+        log-likelihood by 0.03 and 0.04). With a Pyro ELBO passed as ``elbo``: ``None`` (Adam on everything). If
+        set (``0 < natgrad_lr <= 1``), every full-covariance Gaussian variational family
         (q(u); SOLVE-GP's q(v⊥) too) takes natural-gradient steps of this length computed from the same backward
         pass (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`; Hensman et al. 2013 section 3.2; with
         ``elbo="analytic"`` a SOLVE-GP's two means move jointly,
@@ -287,18 +301,38 @@ def fit(
         deferred to these reads (:mod:`pyro_sparsegp.deferred`), and a window in which a Cholesky factorisation
         failed (or a kernel's product form was inexact) is redone from its start with ten times the jitter (or the
         exact differences), with a :class:`~pyro_sparsegp.linalg.CholeskyJitterWarning` for the jitter.
+    :param natgrad_warmup: steps of a log-linear warm-up of the natural step length from ``1e-4`` to
+        ``natgrad_lr`` (Salimbeni, Eleftheriadis, Hensman 2018; :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup`;
+        the schedule counts from step 0, so a resumed run continues it). ``"auto"`` (default): 5 (the paper's)
+        where ``"auto"`` turned natural gradients on for a non-conjugate likelihood, else 0.
+    :param natgrad_retraction: ``True``: every family takes the positive-definite precision step of Lin, Schmidt,
+        Khan (2020) (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`; never damped); ``False``: the plain
+        step (damped by halving where it would leave the positive-definite cone). ``"auto"`` (default): the
+        positive-definite step for a non-conjugate likelihood and for families off the likelihood's layer (a deep
+        GP's hidden layers), the plain one for a Gaussian likelihood's own layer (exact there).
+    :param str natgrad_layers: ``"all"``: every full-covariance family of the module takes natural steps (every
+        layer of a deep GP); ``"last"`` or ``"auto"`` (default): the module's own choice
+        (:func:`~pyro_sparsegp.infer.natgrad.natgrad_families`: a DeepGP's last layer).
+    :param average: ``None`` (default) or a fraction ``a`` in ``(0, 1]``: keep the Polyak-Ruppert average of the
+        families' natural parameters and of a learnable Gaussian noise over the last ``ceil(a * num_steps)`` steps
+        and write it into the module at the end (:class:`~pyro_sparsegp.infer.averaging.IterateAverage`), so that
+        the final model is the centre of the noisy plateau rather than its last iterate (families are averaged
+        whether natural gradients or Adam train them; the kernel hyperparameters are not). A resumed run averages
+        the steps it takes itself.
     :returns: :class:`FitState` with the per-step losses (negative ELBO estimates).
     :raises NonFiniteLossError: on a numerical failure (non-finite loss or gradient, or an error from non-finite
         parameters), after restoring the last good parameters that were kept; it names the step.
     """
     a = _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_size, lr, natgrad_lr, elbo, seed,
-                         checkpoint, checkpoint_every, resume, sync_every)
+                         checkpoint, checkpoint_every, resume, sync_every,
+                         dict(warmup=natgrad_warmup, retraction=natgrad_retraction, layers=natgrad_layers,
+                              average=average))
     rank, world = _dist()
     source = BatchSource(a.X, a.y, dataset, loader, num_data=a.num_data, batch_size=a.batch_size, seed=a.seed,
                          rank=rank, world_size=world, dtype=a.dtype, device=a.device)
     if a.elbo != "analytic":  # a model/guide may create parameters at its first call: create them now
         _create_lazy_parameters(module, *source.first(), a.num_data)
-    trainer = TrainingStep(module, a.elbo, a.num_data, a.lr, a.natgrad_lr, world)
+    trainer = TrainingStep(module, a.elbo, a.num_data, a.lr, a.natgrad_lr, world, plan=a.plan)
     run_key = {"batch_size": a.batch_size, "num_data": a.num_data, "seed": a.seed, "world_size": world}
     state = FitState()
     if resume is not None:
@@ -313,7 +347,8 @@ def fit(
     show = progress and rank == 0
     bar = Progress(a.num_steps, state.step, enabled=show, desc="fit")
     guard = StepGuard(module, trainer.optimizer, state, checks, sync_every=a.sync_every, num_steps=a.num_steps,
-                      world_size=world, dtype=a.dtype, device=a.device, report=_RunningElbo(bar) if show else None)
+                      world_size=world, dtype=a.dtype, device=a.device, report=_RunningElbo(bar) if show else None,
+                      plan=a.plan)
     step = called = state.step
     try:
         while step < a.num_steps:
@@ -333,6 +368,7 @@ def fit(
         guard.check()
     finally:
         bar.close()
+    a.plan.finish()  # the iterate average (``average``) into the module
     if checkpoint and rank == 0:
         save_checkpoint(checkpoint, module, trainer.optimizer, state, run_key)
     return state

@@ -132,8 +132,9 @@ class StepGuard:
     :attr:`context`; :meth:`numerical_failure` for a numerical exception; :meth:`redo` on ``_Redo``."""
 
     def __init__(self, module, optimizer, state, checks, *, sync_every: int, num_steps: int, world_size: int = 1,
-                 dtype=None, device=None, report=None):
+                 dtype=None, device=None, report=None, plan=None):
         self.module, self.optimizer, self.state, self.checks = module, optimizer, state, checks
+        self.plan = plan  # a NatGradPlan: its iterate average follows the windows (mark, rewind)
         self.sync_every, self.num_steps, self.world_size, self.report = sync_every, num_steps, world_size, report
         self.context = (lambda: deferred_checks(checks)) if checks is not None else contextlib.nullcontext
         self.snaps = _Snapshots(module)
@@ -148,6 +149,8 @@ class StepGuard:
         if (step - self.window_start) % self.sync_every == 0:
             self.snaps.take(step)
             self.window_start = step
+            if self.plan is not None:
+                self.plan.mark()
             if self.checks is not None:
                 self.optimizer_copy = copy.deepcopy(self.optimizer.state_dict())
 
@@ -217,6 +220,8 @@ class StepGuard:
         checks, start = self.checks, self.window_start
         self.pending = []
         self.snaps.restore(start)
+        if self.plan is not None:  # the window's steps leave the iterate average
+            self.plan.rewind()
         self.optimizer.load_state_dict(copy.deepcopy(self.optimizer_copy))  # the copy may serve another redo
         checks.reset()
         if redo_exc.cholesky:

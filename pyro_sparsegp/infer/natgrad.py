@@ -20,7 +20,10 @@ Pólya-Gamma steps :math:`g_2` is negative semi-definite, so the new precision
 not log-concave (robust-max), or with a large step on a non-conjugate one, :math:`-2 g_2` can be indefinite and the
 step can leave the positive-definite cone. :func:`natgrad_step` therefore **damps**: it halves the step (separately
 for each output) until the new precision has a Cholesky factor, at most 30 times (then that output is left
-unchanged), and reports a damped step once per process with :class:`NatGradDampingWarning`.
+unchanged), and reports a damped step once per process with :class:`NatGradDampingWarning`. The positive-definite
+step of Lin, Schmidt, Khan (2020) (``retraction=True`` in :func:`natgrad_from_grads_`; ``fit``'s
+``natgrad_retraction``, on by default for non-conjugate likelihoods and deep GPs' hidden layers) never leaves the
+cone, so for it damping is reserved for non-finite gradients.
 """
 
 from __future__ import annotations
@@ -294,7 +297,7 @@ def _set_constrained(q, name, raw, value):
 
 
 @torch.no_grad()
-def natgrad_from_grads_(q, lr: float) -> None:
+def natgrad_from_grads_(q, lr: float, retraction: bool = False) -> None:
     r"""A natural-gradient step of length ``lr`` on a full-covariance :class:`~pyro_sparsegp.variational.GaussianQ`
     ``q = N(m, L L^T)`` (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``), from the gradient of the loss
     :math:`\ell = -\mathcal{L}` (the negative ELBO) that a backward pass left in its parameters' ``.grad``.
@@ -326,17 +329,60 @@ def natgrad_from_grads_(q, lr: float) -> None:
     with a :class:`NatGradDampingWarning` once) on the CPU; on a GPU (no host synchronisation) a failed factorisation
     makes the update NaN, and ``fit``'s guard restores the last good state and names the step.
 
+    With ``retraction=True`` the precision takes the step of Lin, Schmidt, Khan (2020), "Handling the
+    positive-definite constraint in the Bayesian learning rule" (ICML), eq. 7 (their "improved Bayesian learning
+    rule"): :math:`\Lambda' = \Lambda + \rho\hat G + \tfrac{\rho^2}{2}\hat G\Lambda^{-1}\hat G` with
+    :math:`\hat G = -2X`, i.e. :math:`K = I + \rho\Psi + \tfrac{\rho^2}{2}\Psi^2 = \tfrac12 I +
+    \tfrac12 (I + \rho\Psi)^2`, whose eigenvalues are at least 1/2 for **any** gradient: the precision stays
+    positive definite by construction, whatever the curvature of the likelihood (robust-max, a Monte Carlo
+    gradient, a hidden layer of a deep GP), so damping never triggers except on non-finite input. It agrees with
+    the plain step to first order in :math:`\rho` and has the same fixed points (:math:`\Psi = 0`); it is not
+    exact at ``lr = 1`` for a Gaussian likelihood (``fit`` uses it for non-conjugate terms only). One more
+    ``M``-square product per step.
+
     :param q: a ``GaussianQ`` with ``learn_scale=True`` whose ``u_loc``/``u_scale_tril`` gradients are populated.
     :param float lr: step length :math:`\rho`.
+    :param bool retraction: the positive-definite step of Lin et al. (2020) above instead of the plain one.
     """
-    m, g_m, raw_m, L_new, raw_L, rho = _precision_step(q, lr)[:6]
+    m, g_m, raw_m, L_new, raw_L, rho = _precision_step(q, lr, retraction)[:6]
     t = L_new.mT @ g_m.unsqueeze(-1)  # L'^T g
     m_new = m - rho.unsqueeze(-1) * (L_new @ t).squeeze(-1)
     _set_constrained(q, "u_loc", raw_m, m_new)
     _set_constrained(q, "u_scale_tril", raw_L, L_new)  # lower triangular: the solve keeps L^T's zeros exactly
 
 
-def _precision_step(q, lr: float):
+def _damp(factor, D, info, rho, lr, retraction):
+    """Damping (the module docstring): halve the step ``rho [...]`` of each output whose new precision has no
+    Cholesky factor (``info [...] > 0``; a non-log-concave likelihood, too long a step, a noisy gradient), at most
+    ``_MAX_HALVINGS`` times, then set it to 0 (that output keeps its q); ``factor(rho)`` returns ``(D, info)`` with
+    ``D [..., M, M]``. Warns once (:class:`NatGradDampingWarning`) with the remedy that applies. Returns
+    ``(D, rho)``."""
+    halvings = 0
+    while bool((info > 0).any()) and halvings <= _MAX_HALVINGS:
+        bad = info > 0
+        rho = torch.where(bad, 0.5 * rho, rho) if halvings < _MAX_HALVINGS else torch.where(bad, 0.0, rho)
+        D, info = factor(rho)
+        halvings += 1
+    if halvings:
+        if retraction:  # K >= I/2 for every finite gradient: only a non-finite or overflowing one fails
+            advice = ("even the positive-definite step (retraction) had no Cholesky factor, so the gradient of q was "
+                      "not finite or overflowed; lower natgrad_lr and lr, or check the data")
+        else:
+            advice = ("if this recurs use a smaller natgrad_lr, the positive-definite step (natgrad_retraction=True "
+                      "in fit, retraction=True in NaturalGradient), or more particles (num_particles=8, "
+                      "vectorize_particles=True) when u is sampled")
+        _warn_once(
+            ("natgrad-damped", bool(retraction)),
+            f"natural-gradient step of length {lr:g} would have made the precision of q indefinite (a "
+            "non-log-concave likelihood, too long a step, or the noise of a Monte Carlo gradient when the ELBO "
+            f"samples u); it was shortened to {float(rho.min()):.3g}. Reported once; {advice}.",
+            NatGradDampingWarning,
+            stacklevel=5,
+        )
+    return D, rho
+
+
+def _precision_step(q, lr: float, retraction: bool = False):
     """The covariance half of :func:`natgrad_from_grads_` (its docstring): ``(m, g_m, raw_m, L', raw_L, rho, L, Psi)``
     with ``L'`` the new scale (``L' L'^T = Lambda'^{-1}``), ``rho`` the step length per output after damping, ``L``
     the current scale and ``Psi`` (so that ``L^{-T}(I + Psi)L^{-1}`` is the length-1 precision, the Hessian block
@@ -355,28 +401,15 @@ def _precision_step(q, lr: float):
     def factor(rho):
         K = Psi * rho[..., None, None]
         K.diagonal(dim1=-2, dim2=-1).add_(1.0)
+        if retraction:  # Lin, Schmidt, Khan 2020: K = (I + (I + rho Psi)^2) / 2, PD for any Psi
+            K = K @ K.mT
+            K.diagonal(dim1=-2, dim2=-1).add_(1.0)
+            K = 0.25 * (K + K.mT)
         return torch.linalg.cholesky_ex(K.flip(-1, -2))  # chol(J K J)
 
     D, info = factor(rho)
     if D.device.type == "cpu" and deferred.active() is None:
-        # damping (the module docstring): halve the step of each output whose new precision would not be positive
-        # definite (a non-log-concave likelihood, or too long a step); after _MAX_HALVINGS that output stays put
-        halvings = 0
-        while bool((info > 0).any()):
-            bad = info > 0
-            rho = torch.where(bad, 0.5 * rho, rho) if halvings < _MAX_HALVINGS else torch.where(bad, 0.0, rho)
-            D, info = factor(rho)
-            halvings += 1
-        if halvings:
-            _warn_once(
-                ("natgrad-damped",),
-                f"natural-gradient step of length {lr:g} would have made the precision of q indefinite (a "
-                "non-log-concave likelihood, too long a step, or the noise of a Monte Carlo gradient when the ELBO "
-                f"samples u); it was shortened to {float(rho.min()):.3g}. Reported once; if this recurs use a "
-                "smaller natgrad_lr, or more particles (num_particles=8, vectorize_particles=True) when u is sampled.",
-                NatGradDampingWarning,
-                stacklevel=4,
-            )
+        D, rho = _damp(factor, D, info, rho, lr, retraction)
     else:  # no host synchronisation: a failed factorisation makes the update NaN, which fit's guard catches
         D = D + torch.where(info > 0, float("nan"), 0.0).to(D.dtype)[..., None, None]
     # L' = L J D^{-T} J, i.e. L'^T = J D^{-1} (J L^T): one triangular solve, no inverse, no product
@@ -385,7 +418,7 @@ def _precision_step(q, lr: float):
 
 
 @torch.no_grad()
-def solvegp_joint_natgrad_from_grads_(gp, lr: float) -> None:
+def solvegp_joint_natgrad_from_grads_(gp, lr: float, retraction: bool = False) -> None:
     r"""A natural-gradient step of length ``lr`` on SOLVE-GP's pair ``q(u) q(v⊥)`` (both full-covariance) whose
     **means move jointly**, from the gradients a backward pass left in their parameters and in the layer's zero probe
     ``gp._cross_probe`` ``[(L,) M, M2]`` (set before the pass; see :meth:`~pyro_sparsegp.SOLVEGP._cross_var`).
@@ -420,14 +453,15 @@ def solvegp_joint_natgrad_from_grads_(gp, lr: float) -> None:
 
     Where the joint precision has no Cholesky factor (a non-log-concave likelihood, rounding in float32) or a
     covariance step was damped by :func:`natgrad_from_grads_`'s rule, that output's means take the factors' own
-    steps instead (selected per output, no host synchronisation).
+    steps instead (selected per output, no host synchronisation). ``retraction``: each covariance takes the
+    positive-definite step of :func:`natgrad_from_grads_` (Lin, Schmidt, Khan 2020).
     """
     C = getattr(gp, "_cross_probe", None)
     if C is None or C.grad is None:
         raise ValueError("solvegp_joint_natgrad_from_grads_: set gp._cross_probe (zeros, requires_grad) before the "
                          "backward pass (set_natgrad_probes)")
-    mu, gu, raw_mu, Lu, raw_Lu, rho_u, Lu0, Psi_u = _precision_step(gp.q_u, lr)
-    mv, gv, raw_mv, Lv, raw_Lv, rho_v, Lv0, Psi_v = _precision_step(gp.q_v, lr)
+    mu, gu, raw_mu, Lu, raw_Lu, rho_u, Lu0, Psi_u = _precision_step(gp.q_u, lr, retraction)
+    mv, gv, raw_mv, Lv, raw_Lv, rho_v, Lv0, Psi_v = _precision_step(gp.q_v, lr, retraction)
     M = mu.shape[-1]
     Huv = C.grad.expand(Lu.shape[:-2] + C.shape[-2:])
 

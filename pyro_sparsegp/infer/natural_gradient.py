@@ -30,7 +30,9 @@ from pyro.optim import PyroOptim
 
 from ..likelihoods import live_gaussian_likelihoods
 from ..variational import live_gaussian_families
-from .natgrad import check_natgrad_lr, natgrad_from_grads_, noise_step_from_grads_
+from .averaging import IterateAverage
+from .natgrad import natgrad_from_grads_, noise_step_from_grads_
+from .schedules import as_schedule
 
 __all__ = ["NaturalGradient"]
 
@@ -86,7 +88,8 @@ class NaturalGradient(PyroOptim):
     on the optimal q(u); with a Monte Carlo ELBO each step uses the sampled gradient (use ``natgrad_lr`` well below 1).
 
     :param optim: a :class:`pyro.optim.PyroOptim` (e.g. ``pyro.optim.Adam({"lr": 0.01})``) for the other parameters.
-    :param float natgrad_lr: step length :math:`\rho` in ``(0, 1]``.
+    :param natgrad_lr: step length :math:`\rho` in ``(0, 1]``, or a schedule ``step -> float`` (e.g.
+        :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup`; ``step`` counts this optimiser's calls from 0).
     :param families: the ``GaussianQ`` modules to step (e.g. ``ps.infer.natgrad_families(dgp)``: a DeepGP's last
         layer only), or ``None`` (default): every full-covariance ``GaussianQ`` alive whose parameters SVI passes.
         Families left out are trained by ``optim``.
@@ -94,12 +97,26 @@ class NaturalGradient(PyroOptim):
         [N]``, ``N L`` for ``y [N, L]``): a learnable ``Gaussian`` noise with a gradient then takes the
         Fisher-scoring step of length ``natgrad_lr`` that ``fit`` takes (``noise_step_from_grads_``). ``None``
         (default): the noise goes to ``optim``.
+    :param int warmup: a log-linear warm-up of the step length from ``warmup_start`` to ``natgrad_lr`` over this
+        many steps (Salimbeni, Eleftheriadis, Hensman 2018; :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup`);
+        ``0`` (default): none.
+    :param float warmup_start: the first step length of the warm-up (default ``1e-4``, the paper's).
+    :param retraction: ``True``: the positive-definite precision step of Lin, Schmidt, Khan (2020) (see
+        :func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`): never damped, for non-conjugate likelihoods and
+        Monte Carlo ELBOs; ``False`` (default): the plain step (exact at length 1 for a Gaussian likelihood); or a
+        function ``family -> bool`` choosing per family (``fit`` passes its plan's).
+    :param int average_from: from this step on (counting calls from 0), keep the Polyak-Ruppert average of the
+        stepped families' natural parameters and of the stepped noises
+        (:class:`~pyro_sparsegp.infer.averaging.IterateAverage`); call :meth:`write_average` at the end of training
+        to put it into the modules. ``None`` (default): no averaging.
 
     ``get_state``/``set_state``/``save``/``load`` are the wrapped optimiser's (the natural-gradient steps keep no
     state).
     """
 
-    def __init__(self, optim: PyroOptim, natgrad_lr: float = 0.1, families=None, num_obs: int | None = None):
+    def __init__(self, optim: PyroOptim, natgrad_lr=0.1, families=None, num_obs: int | None = None, *,
+                 warmup: int = 0, warmup_start: float = 1e-4, retraction: bool = False,
+                 average_from: int | None = None):
         # no PyroOptim.__init__: this object holds no torch optimiser of its own, the wrapped one does
         if not isinstance(optim, PyroOptim) or isinstance(optim, NaturalGradient):
             raise TypeError(
@@ -108,7 +125,13 @@ class NaturalGradient(PyroOptim):
                 + (" (a torch.optim class: use its pyro.optim wrapper)" if isinstance(optim, type) or isinstance(
                     optim, torch.optim.Optimizer) else ""))
         self.optim = optim
-        self.natgrad_lr = check_natgrad_lr(natgrad_lr)
+        self.schedule = as_schedule(natgrad_lr, warmup, warmup_start)
+        self.natgrad_lr = getattr(self.schedule, "target", None)  # the step length after the warm-up (a float)
+        self.retraction = retraction if callable(retraction) else bool(retraction)
+        if average_from is not None and (isinstance(average_from, bool) or not isinstance(
+                average_from, numbers.Integral) or average_from < 0):
+            raise ValueError(f"average_from must be an integer >= 0 (a step number) or None, got {average_from!r}")
+        self.average_from, self.average, self.step_count = average_from, None, 0
         self.families = None if families is None else list(families)
         if num_obs is not None and (isinstance(num_obs, bool) or not isinstance(num_obs, numbers.Integral)
                                     or num_obs < 1):
@@ -122,14 +145,27 @@ class NaturalGradient(PyroOptim):
         params = list(params)
         families = live_gaussian_families() if self.families is None else self.families
         stepped, claimed = split_families(params, families)
+        lr = self.schedule(self.step_count)
         for q in stepped:
-            natgrad_from_grads_(q, self.natgrad_lr)
-        for lik in _noises(params) if self.num_obs is not None else ():
-            noise_step_from_grads_(lik, self.natgrad_lr, self.num_obs)
+            natgrad_from_grads_(q, lr, self.retraction(q) if callable(self.retraction) else self.retraction)
+        noises = _noises(params) if self.num_obs is not None else []
+        for lik in noises:
+            noise_step_from_grads_(lik, lr, self.num_obs)
             claimed.add(id(lik.noise_unconstrained))
         rest = [p for p in params if id(p) not in claimed]
         if rest:
             self.optim(rest, *args, **kwargs)
+        if self.average_from is not None and self.step_count >= self.average_from:
+            if self.average is None:  # the families and noises stepped at the first averaged step
+                self.average = IterateAverage(stepped, noises, start=self.average_from)
+            self.average.update(self.step_count)
+        self.step_count += 1
+
+    def write_average(self) -> bool:
+        """Write the Polyak-Ruppert average kept since step ``average_from`` into the families and noises (in place;
+        :class:`~pyro_sparsegp.infer.averaging.IterateAverage`). Returns whether there was one (``False`` before
+        step ``average_from`` or without ``average_from``). No tensors in or out, so shapes do not apply."""
+        return self.average is not None and self.average.write_()
 
     def get_state(self) -> dict:
         """The wrapped optimiser's state, ``{parameter name: optimiser state dict}`` (as ``PyroOptim.get_state``; a
@@ -142,4 +178,8 @@ class NaturalGradient(PyroOptim):
         self.optim.set_state(state_dict)
 
     def __repr__(self) -> str:
-        return f"NaturalGradient({type(self.optim).__name__}, natgrad_lr={self.natgrad_lr:g})"
+        lr = f"{self.natgrad_lr:g}" if self.natgrad_lr is not None else repr(self.schedule)
+        extra = "".join(f", {k}={v}" for k, v in (("warmup", getattr(self.schedule, "steps", 0)),
+                                                   ("retraction", self.retraction),
+                                                   ("average_from", self.average_from)) if v)
+        return f"NaturalGradient({type(self.optim).__name__}, natgrad_lr={lr}{extra})"

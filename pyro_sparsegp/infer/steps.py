@@ -26,13 +26,13 @@ from ..likelihoods import Gaussian
 from .distributed import average_loss_and_gradients
 from .natgrad import (
     clear_natgrad_probes,
-    natgrad_families,
     natgrad_from_grads_,
     natgrad_pairs,
     noise_natgrad_likelihood,
     set_natgrad_probes,
     solvegp_joint_natgrad_from_grads_,
 )
+from .natgrad_options import resolve_natgrad
 from .natural_gradient import NaturalGradient
 
 __all__ = ["TrainingStep"]
@@ -86,8 +86,10 @@ class TrainingStep:
     :ivar optimizer: the ``torch.optim.Adam`` of the parameters that take no natural-gradient step (checkpointed).
     """
 
-    def __init__(self, module, elbo, num_data: int, lr: float, natgrad_lr: float | None, world_size: int = 1):
-        families = natgrad_families(module) if natgrad_lr else []
+    def __init__(self, module, elbo, num_data: int, lr: float, natgrad_lr: float | None, world_size: int = 1,
+                 plan=None):
+        self.plan = plan if plan is not None else resolve_natgrad(module, natgrad_lr, elbo, elbo)[1]
+        families = self.plan.families() if natgrad_lr else []
         if natgrad_lr and not families:
             raise ValueError("natgrad_lr needs a module with a full-covariance Gaussian variational family (q_u)")
         self.module, self.elbo, self.num_data, self.natgrad_lr, self.world_size = (
@@ -104,11 +106,14 @@ class TrainingStep:
         self.params = list(module.parameters())
         self.optimizer = torch.optim.Adam([p for p in self.params if id(p) not in nat_ids], lr=lr)
         adam = _TorchOptim(self.optimizer)
+        self.plan.start(families or self.plan.families(), self.noise_lik or noise_natgrad_likelihood(module),
+                        natgrad_lr)
         if not families:
             self.engine, self.handed = adam, self.params
             return
         num_obs = num_data if self.noise_lik is not None else None  # set per batch in update
-        self.engine = NaturalGradient(adam, natgrad_lr, families=solo, num_obs=num_obs)
+        self.engine = NaturalGradient(adam, self.plan.schedule, families=solo, num_obs=num_obs,
+                                      retraction=self.plan.retract)
         # what NaturalGradient is handed: not the pairs' families (their joint step is below) nor another Gaussian
         # likelihood's noise (Adam's: only the module's likelihood takes the Fisher-scoring step)
         others = {id(p) for gp in self.pairs for q in (gp.q_u, gp.q_v) for p in q.parameters()}
@@ -140,19 +145,23 @@ class TrainingStep:
         """The gradients of the last :meth:`gradients` (tensors of the parameters' shapes; ``None`` s left out)."""
         return [p.grad for p in self.params if p.grad is not None]
 
-    def update(self, yb, context) -> None:
-        """The update from the gradients (module docstring), inside ``context()``; ``yb [B, ...]`` gives the number
-        of observations per data point for the noise's step (``N L`` for ``y [N, L]``)."""
+    def update(self, yb, context, step: int = 0) -> None:
+        """The update of step ``step`` from the gradients (module docstring), inside ``context()``; ``yb [B, ...]``
+        gives the number of observations per data point for the noise's step (``N L`` for ``y [N, L]``). The
+        natural step length follows fit's step count (a warm-up continues across a resume and a redone window)."""
         with context():
             if self.noise_lik is not None:  # y [B] or [B, L]: num_data * L observations share the noise
                 self.engine.num_obs = self.num_data * (yb.numel() // max(yb.shape[0], 1))
+            if isinstance(self.engine, NaturalGradient):
+                self.engine.step_count = step
             self.engine(self.handed)
+            lr, retract = (self.plan.lr(step), self.plan.retract) if self.pairs else (None, None)
             for gp in self.pairs:
                 if gp._cross_probe.grad is not None:
-                    solvegp_joint_natgrad_from_grads_(gp, self.natgrad_lr)
+                    solvegp_joint_natgrad_from_grads_(gp, lr, retract(gp.q_u))
                 else:  # a bound that bypassed the layer's qf: the factors' own natural-gradient steps
-                    natgrad_from_grads_(gp.q_u, self.natgrad_lr)
-                    natgrad_from_grads_(gp.q_v, self.natgrad_lr)
+                    natgrad_from_grads_(gp.q_u, lr, retract(gp.q_u))
+                    natgrad_from_grads_(gp.q_v, lr, retract(gp.q_v))
 
     def clear(self) -> None:
         """Remove the SOLVE-GP probes (however the step ended)."""

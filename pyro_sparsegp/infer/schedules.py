@@ -1,0 +1,63 @@
+r"""Step-size schedules for natural-gradient steps.
+
+:class:`LogLinearWarmup` is the warm-up of Salimbeni, Eleftheriadis, Hensman (2018), "Natural gradients in
+practice: non-conjugate variational inference in Gaussian process models" (AISTATS): their experiments start the
+natural step at :math:`\gamma_0 = 10^{-4}` and raise it log-linearly to its target (:math:`\gamma = 0.1`) over the
+first few iterations (5 in the paper), then hold it. A short first step keeps the earliest, least accurate curvature
+estimates (hyperparameters at their initial values, a q(u) far from the data) from moving q(u) far; the
+target is reached after ``steps`` steps.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+__all__ = ["LogLinearWarmup", "constant_schedule", "as_schedule"]
+
+
+class LogLinearWarmup:
+    r"""The step length at step ``k`` (``k = 0, 1, ...``): :math:`\rho_k = \rho_0 (\rho/\rho_0)^{k/K}` for
+    :math:`k < K`, then :math:`\rho` (Salimbeni, Eleftheriadis, Hensman 2018; module docstring).
+
+    :param float target: :math:`\rho`, the step length after the warm-up, in ``(0, 1]``.
+    :param int steps: :math:`K`, the length of the ramp (``0``: no warm-up, :math:`\rho` from the first step).
+    :param float start: :math:`\rho_0` in ``(0, target]`` (default ``1e-4``, the paper's).
+
+    Calling it with a step number (an ``int``) returns a Python float (no tensors, so shapes do not apply).
+    """
+
+    def __init__(self, target: float, steps: int = 5, start: float = 1e-4):
+        for name, v, high in (("target", target, 1.0), ("start", start, target)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (0.0 < float(v) <= float(high)):
+                raise ValueError(f"LogLinearWarmup: {name} must be a number in (0, {high:g}], got {v!r}")
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+            raise ValueError(f"LogLinearWarmup: steps must be an integer >= 0, got {steps!r}")
+        self.target, self.steps, self.start = float(target), int(steps), float(start)
+
+    def __call__(self, step: int) -> float:
+        """The step length of step ``step`` (an ``int >= 0``; returns a float)."""
+        if step >= self.steps:
+            return self.target
+        return self.start * math.exp(math.log(self.target / self.start) * max(step, 0) / self.steps)
+
+    def __repr__(self) -> str:
+        return f"LogLinearWarmup(target={self.target:g}, steps={self.steps}, start={self.start:g})"
+
+
+def constant_schedule(lr: float):
+    """A schedule (``step -> float``) that returns ``lr`` at every step: no warm-up (no tensors, so shapes do not
+    apply; the fixed step length :math:`\\rho` of Hensman, Fusi, Lawrence 2013, section 3.2)."""
+    return LogLinearWarmup(lr, steps=0, start=lr)
+
+
+def as_schedule(lr, warmup: int = 0, start: float = 1e-4):
+    """``lr`` (a number in ``(0, 1]``) as a :class:`LogLinearWarmup` over ``warmup`` steps from ``min(start, lr)``;
+    a callable ``lr`` (``step -> float``) is returned unchanged. No tensors, so shapes do not apply (Salimbeni et
+    al. 2018's warm-up; module docstring)."""
+    if callable(lr):
+        return lr
+    from .natgrad import check_natgrad_lr
+
+    lr = check_natgrad_lr(lr)
+    return LogLinearWarmup(lr, steps=warmup, start=min(float(start), lr))
