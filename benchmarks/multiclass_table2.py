@@ -260,15 +260,19 @@ def _nz(x):
     return 0.0 if math.isnan(x) else x
 
 
+def _cells(summary, methods, field, suffix):
+    """Per (dataset, M) of the summary rows: ``({dataset, M, <method>_<suffix>: value}, {method: value})``."""
+    keys = sorted({(r["dataset"], r["M"]) for r in summary}, key=lambda k: (k[0], float(k[1][:-1])))
+    for ds, m in keys:
+        vals = {r["method"]: r[field] for r in summary if r["dataset"] == ds and r["M"] == m}
+        yield {"dataset": ds, "M": m, **{f"{meth}_{suffix}": vals.get(meth, float("nan")) for meth in methods}}, vals
+
+
 def _train_time_table(summary, methods):
     """Training seconds of every method beside each other (mean over splits) and the paper's average times."""
     out = []
-    keys = sorted({(r["dataset"], r["M"]) for r in summary}, key=lambda k: (k[0], float(k[1][:-1])))
-    for ds, m in keys:
-        rec = {"dataset": ds, "M": m}
-        secs = {r["method"]: r["train_s"] for r in summary if r["dataset"] == ds and r["M"] == m}
-        for meth in methods:
-            rec[f"{meth}_s"] = secs.get(meth, float("nan"))
+    for rec, _ in _cells(summary, methods, "train_s", "s"):
+        m = rec["M"]
         paper = PAPER_TIME.get(float(m[:-1]) / 100)
         if paper is not None:
             for meth, t in zip((_G, _E, _S, _V), paper, strict=True):
@@ -282,12 +286,7 @@ def _train_time_table(summary, methods):
 def _per_iter_table(summary, methods):
     """Time per iteration of EP, SEP and VI beside each other (ratios to SEP), per dataset and M."""
     out = []
-    keys = sorted({(r["dataset"], r["M"]) for r in summary}, key=lambda k: (k[0], float(k[1][:-1])))
-    for ds, m in keys:
-        rec = {"dataset": ds, "M": m}
-        ms = {r["method"]: r["ms_per_iter"] for r in summary if r["dataset"] == ds and r["M"] == m}
-        for meth in methods:
-            rec[f"{meth}_ms"] = ms.get(meth, float("nan"))
+    for rec, ms in _cells(summary, methods, "ms_per_iter", "ms"):
         if "sep" in ms:
             for meth in methods:
                 if meth != "sep":
