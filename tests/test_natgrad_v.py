@@ -338,3 +338,37 @@ def test_fit_with_a_pyro_elbo_takes_the_factors_own_steps():
     after = [gp.q_u.u_loc.detach(), gp.q_v.u_loc.detach()]
     for b, a in zip(before, after, strict=True):
         assert torch.isfinite(a).all() and (a - b).abs().max() > 1e-4
+
+
+@pytest.mark.float64
+def test_fit_step_under_a_pyro_elbo_is_natgrad_from_grads_on_the_same_gradients():
+    """One ``fit`` step under a Pyro ELBO, replayed by hand: the same seed, the same (permuted) batch, the ELBO's
+    gradients, then ``natgrad_from_grads_`` on q(u) and q(v⊥) -- the two results agree to round-off."""
+    import copy
+
+    import pyro
+    from pyro.infer import TraceMeanField_ELBO
+
+    X, y = _data()
+    gp = _solve(True)
+    replica = copy.deepcopy(gp)
+    seen = []
+
+    class Recorded(torch.utils.data.Dataset):  # fit reads batches by index: record the index it drew
+        def __len__(self):
+            return N
+
+        def __getitem__(self, idx):
+            seen.append(idx)
+            return X[idx], y[idx]
+
+    fit(gp, dataset=Recorded(), num_steps=1, batch_size=N, lr=1e-3, natgrad_lr=0.05, elbo=TraceMeanField_ELBO(),
+        natgrad_retraction=True, progress=False)  # the positive-definite step: a one-sample gradient never damps
+    idx = seen[-1]
+    pyro.set_rng_seed(0)  # fit's seed=0 at a fresh run's start
+    TraceMeanField_ELBO().differentiable_loss(replica.model, replica.guide, X[idx], y[idx], num_data=N).backward()
+    for q in (replica.q_u, replica.q_v):
+        natgrad_from_grads_(q, 0.05, True)
+    for a, b in ((gp.q_u, replica.q_u), (gp.q_v, replica.q_v)):
+        _close(a.u_loc, b.u_loc, 1e-10)
+        _close(a.u_scale_tril, b.u_scale_tril, 1e-10)
