@@ -133,7 +133,8 @@ def test_time_to_accuracy_rows_carry_both_gpytorch_ratios_and_the_curve():
     rows = tta.cell_rows(runs, {"dataset": "toy"})
     assert [r["model"] for r in rows] == ["gpytorch_ngd", "gpytorch", "ours"]
     for r in rows:
-        assert {"test_ll", "nlpd", "rmse", "seconds", "reach_s", "ratio_ngd", "reach_adam_s", "ratio_adam"} <= set(r)
+        assert {"test_ll", "nlpd", "rmse", "seconds", "reach_s", "ratio_ngd", "reach_adam_s", "ratio_adam", "stay_s",
+                "ratio_stay_ngd"} <= set(r)
         assert r["nlpd"] == -r["test_ll"] and len(r["curve"]) == len(runs[r["model"]].points) >= 2
         assert all(len(p) == 2 for p in r["curve"]) and r["curve"][-1][1] == r["test_ll"]
-    assert rows[0]["ratio_ngd"] == 1.0 and rows[1]["ratio_adam"] == 1.0
+    assert rows[0]["ratio_ngd"] == 1.0 and rows[1]["ratio_adam"] == 1.0 and rows[0]["ratio_stay_ngd"] == 1.0
