@@ -257,29 +257,15 @@ def fit(
     :param int batch_size: minibatch size for ``X, y`` or ``dataset`` (a positive integer).
     :param float lr: Adam learning rate (> 0).
     :param float natgrad_lr: ``"auto"`` (default), for a module trained on its closed-form bound: ``0.1`` with a
-        :class:`~pyro_sparsegp.Gaussian` or :class:`~pyro_sparsegp.PolyaGammaLogit` likelihood (conjugate given the
-        bound: the plain step is exact and stable); ``0.1`` with any other likelihood (Bernoulli, robust-max,
-        softmax) together with the positive-definite step and a 5-step warm-up (``natgrad_retraction``,
-        ``natgrad_warmup``): on digits (M = 100, 1,200 / 597, full batch, 100 steps;
-        ``benchmarks/natgrad_nonconjugate.py``) robust-max VI reached 0.983 test accuracy (Adam 0.970, EP 0.975)
-        and softmax VI 0.966 (Adam 0.945), each in about a sixth of ``fit_ep``'s wall time; the plain step without
-        warm-up was as accurate but had to be damped on robust-max. A deep GP's natural steps stay on its last
-        layer (``natgrad_layers``: on kin8nm, DGP 2 and 3 at 1,000 steps, 2 seeds, natural steps on every layer
-        raised the training bound, -0.25 against -0.30 and -0.37 nats per point, but lowered the test
-        log-likelihood by 0.03 and 0.04). With a Pyro ELBO passed as ``elbo``: ``None`` (Adam on everything). If
-        set (``0 < natgrad_lr <= 1``), every full-covariance Gaussian variational family
-        (q(u); SOLVE-GP's q(v⊥) too) takes natural-gradient steps of this length computed from the same backward
-        pass (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`; Hensman et al. 2013 section 3.2; with
-        ``elbo="analytic"`` a SOLVE-GP's two means move jointly,
-        :func:`~pyro_sparsegp.infer.natgrad.solvegp_joint_natgrad_from_grads_`), the
-        learnable noise variance of a :class:`~pyro_sparsegp.Gaussian` likelihood takes a Fisher-scoring step of the
-        same length from the same gradient (:func:`~pyro_sparsegp.infer.natgrad.noise_step_from_grads_`: a running
-        average of the minibatch estimates of its optimum given q(f)), and Adam trains only the other parameters.
-        ``0.1`` is a good start: on UCI protein, keggundirected and tamielectric (M = 256, 1024) it was ahead of
-        Adam and of GPyTorch at every epoch (``benchmarks/time_to_accuracy.py``).
-        ``None`` trains q(u) with Adam like every other parameter. The two differ a lot (natural gradients reach the
-        optimum of q(u) in a few steps with a Gaussian likelihood), so ``"auto"`` is not the same as ``None``: pass
-        a number to turn natural gradients on for non-conjugate likelihoods, ``None`` to turn them off.
+        :class:`~pyro_sparsegp.Gaussian` or :class:`~pyro_sparsegp.PolyaGammaLogit` likelihood (the plain step is
+        exact there), ``0.1`` with the positive-definite step and a 5-step warm-up for Bernoulli, robust-max and
+        softmax (measured on digits; :mod:`~pyro_sparsegp.infer.natgrad_options` has the policy and the figures);
+        ``None`` (Adam on everything) with a Pyro ELBO passed as ``elbo``. A number in ``(0, 1]``: every
+        full-covariance Gaussian variational family (q(u); SOLVE-GP's q(v⊥), whose means move jointly under
+        ``elbo="analytic"``) takes natural-gradient steps of this length from the same backward pass
+        (:class:`~pyro_sparsegp.infer.NaturalGradient`; Hensman et al. 2013 section 3.2), a learnable Gaussian
+        noise a Fisher-scoring step (:func:`~pyro_sparsegp.infer.natgrad.noise_step_from_grads_`), and Adam the rest.
+        ``None`` trains q(u) with Adam like every other parameter; ``"auto"`` differs from ``None`` a lot.
     :param elbo: ``"analytic"`` (the closed-form bound ``module.analytic_elbo``: no sampling at all; the default for
         modules that have it and a likelihood) or a Pyro ELBO (default for other modules: ``TraceMeanField_ELBO()``).
         The closed form integrates ``f`` exactly (in closed form or by Gauss-Hermite quadrature), so a module's
