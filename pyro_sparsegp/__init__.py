@@ -24,12 +24,10 @@ from .deep import DeepGP
 from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, InducingSum
 from .kernels_conv import TICK, ConvKernel
 from .kernels_sum import SumKernel
-from .layers import SVGP
+from .layers import ODVGP, SOLVEGP, SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
 from .likelihoods_multiclass import RobustMax, Softmax
 from .linalg import CholeskyJitterWarning
-from .odvgp import ODVGP
-from .solvegp import SOLVEGP
 
 __version__ = "0.1.0"
 __all__ = [

@@ -115,19 +115,22 @@ def _seed_context(module, guide: bool | None = None) -> None:
         )
 
 
-def layer_method(fn=None, *, guide_arg: str | None = None):
+def layer_method(fn=None, *, guide_arg: str | None = None, owner: str | None = None):
     """Like :func:`pyro.nn.pyro_method`, and seeds the module's context with the values that the traced program
     already drew for its ``PyroSample`` attributes (see the module docstring). ``guide_arg``: name of a boolean
-    argument that says the call is the guide's (then a missing draw is an error). A decorator: it leaves the
-    wrapped method's argument and return shapes unchanged."""
+    argument that says the call is the guide's (then a missing draw is an error). ``owner``: the name of the
+    attribute that holds the module, for a method of a helper object that computes with a layer's modules (a
+    variational strategy: :mod:`pyro_sparsegp.variational`). A decorator: it leaves the wrapped method's argument
+    and return shapes unchanged."""
 
     def wrap(fn):
         @functools.wraps(fn)
         def method(self, *args, **kwargs):
-            check_not_superseded(self)
-            with self._pyro_context:
+            module = self if owner is None else getattr(self, owner)
+            check_not_superseded(module)
+            with module._pyro_context:
                 guide = kwargs.get(guide_arg, False) if guide_arg else None
-                _seed_context(self, guide)
+                _seed_context(module, guide)
                 return fn(self, *args, **kwargs)
 
         return method

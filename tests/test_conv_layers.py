@@ -63,7 +63,7 @@ def test_hidden_layer_samples_are_svgp_marginals_on_patches(solve):
         img = X.reshape(3, H, W, C)
         pats = torch.stack([img[:, r : r + 3, c : c + 3, :].reshape(3, -1) for r in range(H - 2) for c in range(W - 2)],
                            1)  # [B, P, d]
-        loc, var = layer.gp._moments(pats.reshape(-1, pats.shape[-1]), uv, consume=False)  # [C_out, B*P]
+        loc, var = layer.gp.moments(pats.reshape(-1, pats.shape[-1]), uv, consume=False)  # [C_out, B*P]
         torch.manual_seed(5)
         f = loc + var.sqrt() * torch.randn(loc.shape)
     expect = f.reshape(3, 3, 20).permute(1, 2, 0) + layer.mean_function(X)  # [B, P, C_out]
@@ -90,9 +90,9 @@ def test_deep_conv_shapes_under_particle_dims_and_every_parameter_learns(solve):
     names = {n for n, p in gp.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
     expected = {n for n, _ in gp.named_parameters()}
     assert names == expected, expected - names
-    probs = gp.predict(X, num_samples=3)
-    assert probs.shape == (3, 6, 3)
-    torch.testing.assert_close(probs.sum(-1), torch.ones(3, 6))
+    probs = gp.predict_proba(X, num_samples=3)  # the mixture's average over 3 samples
+    assert probs.shape == (6, 3)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(6))
     ll, acc = log_likelihood_and_accuracy(probs, y)
     assert ll < 0 and 0 <= acc <= 1
 
@@ -171,7 +171,7 @@ def test_fit_trains_a_deep_conv_gp_on_its_analytic_elbo():
     assert last < first
     with pytest.raises(ValueError, match="num_samples"):
         DeepConvGP(list(gp.hidden), gp.output, num_samples=0)
-    with pytest.raises(ValueError, match="flattened images"):
+    with pytest.raises(ValueError, match=r"D = 84 features \(the first layer.s inputs\)"):
         gp.analytic_elbo(X[:, :-1], y)
     # a PyroSample hyperparameter has no value outside a Pyro program: the closed-form estimator says so loudly
     # (rather than drawing it from the prior at every read); model/guide under SVI remain the way to train it

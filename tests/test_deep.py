@@ -93,7 +93,7 @@ def test_solvegp_layers_at_the_orthogonal_prior_equal_svgp_layers(whiten):
             o.q_u.u_loc, o.q_u.u_scale_tril = s.q_u.u_loc, s.q_u.u_scale_tril
             o.q_v.u_loc = torch.zeros_like(o.q_v.u_loc)
             if not whiten:  # the prior's Cholesky factor Lc of Cvv
-                o.q_v.u_scale_tril = o._joint_chol(consume=False)[1].expand_as(o.q_v.u_scale_tril)
+                o.q_v.u_scale_tril = o.strategy.joint_chol(consume=False)[1].expand_as(o.q_v.u_scale_tril)
         torch.testing.assert_close(o.kl_divergence().sum(), s.kl_divergence().sum(), rtol=1e-5, atol=1e-5)
     a, b = DeepGP(svgp, num_samples=7), DeepGP(solve, num_samples=7)
     pyro.set_rng_seed(5)

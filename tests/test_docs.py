@@ -32,10 +32,11 @@ def test_sphinx_build_without_warnings(tmp_path):
     api = _text(out / "api.html")
     assert "pyro_sparsegp.SVGP" in api and "pyro_sparsegp.SOLVEGP" in api
     # autodoc anchors: the classes and their members are documented, not only the module docstrings
-    layers = (out / "api" / "pyro_sparsegp.layers.html").read_text(encoding="utf-8")
-    assert 'id="pyro_sparsegp.layers.SVGP"' in layers and 'id="pyro_sparsegp.layers.SVGP.analytic_elbo"' in layers
-    solvegp = (out / "api" / "pyro_sparsegp.solvegp.html").read_text(encoding="utf-8")
-    assert 'id="pyro_sparsegp.solvegp.SOLVEGP"' in solvegp
+    layers = (out / "api" / "pyro_sparsegp.layers.svgp.html").read_text(encoding="utf-8")
+    assert 'id="pyro_sparsegp.layers.svgp.SVGP"' in layers
+    assert 'id="pyro_sparsegp.layers.svgp.SVGP.analytic_elbo"' in layers
+    solvegp = (out / "api" / "pyro_sparsegp.layers.solvegp.html").read_text(encoding="utf-8")
+    assert 'id="pyro_sparsegp.layers.solvegp.SOLVEGP"' in solvegp
 
     equations = _text(out / "equations.html")
     for needle in ["Hensman, Fusi, Lawrence (2013)", "Shi, Titsias, Mnih (2020)", "Wenzel", "Villacampa-Calvo",

@@ -77,7 +77,7 @@ def test_gradients_of_the_bound_match_finite_differences(name, whiten):
         # replace the PyroParams by the differentiable test inputs
         del kernel.variance, kernel.lengthscale, gp.Z
         kernel.variance, kernel.lengthscale, gp.Z = log_var.exp(), log_ls.exp(), Z
-        Luu, W, kd = gp._stats(X, consume=True)
+        Luu, W, kd = gp.strategy.factors(X, consume=True)
         L = torch.tril(L_raw, -1) + torch.diag_embed(L_raw.diagonal().exp())
         loc, var = ps.conditionals.qf_marginals(W, kd, m, L, None if whiten else Luu)
         kl = B.gauss_kl(m, L, None if whiten else Luu @ Luu.mT)

@@ -219,7 +219,7 @@ def test_joint_step_lands_on_the_maximiser_of_eq_8(whiten):
     _start_anywhere(gp, X, whiten)
     solvegp_natgrad_step(gp, X, y, lr=1.0)
     _assert_at_joint_optimum(gp, X, y, whiten)
-    assert gp._cross_probe is None
+    assert gp.strategy.cross_probe is None
 
 
 @pytest.mark.float64
@@ -260,7 +260,7 @@ def test_fit_steps_solvegp_means_jointly(whiten):
     _start_anywhere(gp, X, whiten)
     fit(gp, X, y, num_steps=1, batch_size=N, lr=1e-12, natgrad_lr=1.0, progress=False)
     _assert_at_joint_optimum(gp, X, y, whiten, 1e-5)
-    assert gp._cross_probe is None
+    assert gp.strategy.cross_probe is None
 
 
 @pytest.mark.float64
@@ -281,12 +281,12 @@ def test_deep_solvegp_last_layer_joint_step_zeroes_its_mean_gradient():
 
     def grads():
         torch.manual_seed(5)
-        return torch.autograd.grad(-dgp.analytic_elbo(X, y), qs + [p for gp in pairs for p in [gp._cross_probe]])
+        return torch.autograd.grad(-dgp.analytic_elbo(X, y), qs + [gp.strategy.cross_probe for gp in pairs])
 
     set_natgrad_probes(pairs)
     before = grads()
     assert before[-1].abs().max() > 1.0  # the coupling the joint step uses is there
-    for p, g in zip(qs + [last._cross_probe], before, strict=True):
+    for p, g in zip(qs + [last.strategy.cross_probe], before, strict=True):
         p.grad = g
     solvegp_joint_natgrad_from_grads_(last, 1.0)
     set_natgrad_probes(pairs)
@@ -306,11 +306,11 @@ def test_joint_step_falls_back_to_the_factors_own_steps_without_a_joint_factor()
     gps[1].load_state_dict(gps[0].state_dict())
     for gp in gps:
         set_natgrad_probes([gp])
-        params = [*gp.q_u.parameters(), *gp.q_v.parameters(), gp._cross_probe]
+        params = [*gp.q_u.parameters(), *gp.q_v.parameters(), gp.strategy.cross_probe]
         grads = torch.autograd.grad(-gp.analytic_elbo(X, y), params)
         for p, g in zip(params, grads, strict=True):
             p.grad = g
-    gps[0]._cross_probe.grad.fill_(1e6)
+    gps[0].strategy.cross_probe.grad.fill_(1e6)
     solvegp_joint_natgrad_from_grads_(gps[0], 0.5)
     natgrad_from_grads_(gps[1].q_u, 0.5)
     natgrad_from_grads_(gps[1].q_v, 0.5)

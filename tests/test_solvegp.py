@@ -224,7 +224,7 @@ def test_closed_form_bound_factorises_once(whiten):
         with mock.patch("torch.linalg.cholesky_ex", side_effect=real) as chol:
             module.analytic_elbo(X, y).backward()
         assert [c.args[0].shape[-1] for c in chol.call_args_list] == expect
-        assert module._cache == {}  # nothing (no graph) is kept after the evaluation
+        assert len(module.strategy.cache) == 0  # nothing (no graph) is kept after the evaluation
 
 
 @pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
@@ -258,7 +258,8 @@ def test_hand_written_decomposition_estimates_eq8(lik, whiten):
         vals = torch.tensor([-elbo.loss(model, guide, X, y) for _ in range(40)])
     est, se = vals.mean().item(), (vals.std() / math.sqrt(len(vals))).item()
     assert se > 0 and abs(est - exact) < 4 * se, (est, exact, se)
-    assert not any(key[0] == "perp" for key in gp._cache)  # the model took the guide's p⊥(f⊥ | v⊥): one evaluation
+    # the model took the guide's p⊥(f⊥ | v⊥): one evaluation
+    assert not any(key[0] == "perp" for key in gp.strategy.cache.entries)
 
 
 @pytest.mark.float64  # compared with dense solves to 1e-6

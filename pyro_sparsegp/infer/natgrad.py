@@ -37,7 +37,7 @@ from .. import deferred
 from ..bounds.polya_gamma import optimal_c, pg_mean
 from ..likelihoods import Gaussian, PolyaGammaLogit
 from ..linalg import _warn_once, solve_lower
-from ..variational import from_natural, to_natural
+from ..variational import OrthogonalStrategy, from_natural, to_natural
 
 __all__ = [
     "natgrad_step",
@@ -180,7 +180,7 @@ def gaussian_natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 1.
     lr = check_natgrad_lr(lr)
     _check_step_data(svgp, X, y)
     with torch.no_grad():
-        Luu, W, kdiag = _squeeze_outputs(svgp, *svgp._stats(X, consume=True))
+        Luu, W, kdiag = _squeeze_outputs(svgp, *svgp.strategy.factors(X, consume=True))
         scale = (num_data or X.shape[-2]) / X.shape[-2]
         beta = 1.0 / svgp.likelihood.noise
         A = _A(svgp, Luu, W)  # [(L,) M, B]
@@ -200,7 +200,7 @@ def natgrad_step(svgp, X: torch.Tensor, y: torch.Tensor, lr: float = 0.1, num_da
     lr = check_natgrad_lr(lr)
     _check_step_data(svgp, X, y)
     with torch.no_grad():
-        Luu, W, kdiag = _squeeze_outputs(svgp, *svgp._stats(X, consume=True))
+        Luu, W, kdiag = _squeeze_outputs(svgp, *svgp.strategy.factors(X, consume=True))
         A = _A(svgp, Luu, W)
         q = svgp.q_u
         m0 = q.u_loc.detach()
@@ -240,7 +240,7 @@ def polya_gamma_natgrad_step(svgp, X, y, lr: float = 1.0, num_data: int | None =
     lr = check_natgrad_lr(lr)
     _check_step_data(svgp, X, y)
     with torch.no_grad():
-        Luu, W, kdiag = _squeeze_outputs(svgp, *svgp._stats(X, consume=True))
+        Luu, W, kdiag = _squeeze_outputs(svgp, *svgp.strategy.factors(X, consume=True))
         A = _A(svgp, Luu, W)  # [(L,) M, B]
         if c is None:
             q = svgp.q_u
@@ -421,7 +421,8 @@ def _precision_step(q, lr: float, retraction: bool = False):
 def solvegp_joint_natgrad_from_grads_(gp, lr: float, retraction: bool = False) -> None:
     r"""A natural-gradient step of length ``lr`` on SOLVE-GP's pair ``q(u) q(v⊥)`` (both full-covariance) whose
     **means move jointly**, from the gradients a backward pass left in their parameters and in the layer's zero probe
-    ``gp._cross_probe`` ``[(L,) M, M2]`` (set before the pass; see :meth:`~pyro_sparsegp.SOLVEGP._cross_var`).
+    ``gp.strategy.cross_probe`` ``[(L,) M, M2]`` (set before the pass; see
+    :meth:`~pyro_sparsegp.variational.OrthogonalStrategy.cross_var`).
 
     Each covariance takes the step of :func:`natgrad_from_grads_`, :math:`\Lambda'_u = (1-\rho)\Lambda_u +
     \rho H_{uu}` and likewise :math:`\Lambda'_v` (for a Gaussian likelihood the optimal covariance of each factor
@@ -456,9 +457,10 @@ def solvegp_joint_natgrad_from_grads_(gp, lr: float, retraction: bool = False) -
     steps instead (selected per output, no host synchronisation). ``retraction``: each covariance takes the
     positive-definite step of :func:`natgrad_from_grads_` (Lin, Schmidt, Khan 2020).
     """
-    C = getattr(gp, "_cross_probe", None)
+    C = gp.strategy.cross_probe
     if C is None or C.grad is None:
-        raise ValueError("solvegp_joint_natgrad_from_grads_: set gp._cross_probe (zeros, requires_grad) before the "
+        raise ValueError("solvegp_joint_natgrad_from_grads_: set gp.strategy.cross_probe (zeros, requires_grad) before "
+                         "the "
                          "backward pass (set_natgrad_probes)")
     mu, gu, raw_mu, Lu, raw_Lu, rho_u, Lu0, Psi_u = _precision_step(gp.q_u, lr, retraction)
     mv, gv, raw_mv, Lv, raw_Lv, rho_v, Lv0, Psi_v = _precision_step(gp.q_v, lr, retraction)
@@ -494,7 +496,8 @@ def natgrad_pairs(module, families) -> list:
     their means jointly (:func:`solvegp_joint_natgrad_from_grads_`) and the other families alone."""
     ids = {id(q) for q in families}
     return [m for m in module.modules()
-            if hasattr(m, "_cross_probe") and id(m.q_u) in ids and id(getattr(m, "q_v", None)) in ids]
+            if isinstance(getattr(m, "strategy", None), OrthogonalStrategy) and id(m.q_u) in ids
+            and id(getattr(m, "q_v", None)) in ids]
 
 
 def set_natgrad_probes(pairs) -> None:
@@ -503,13 +506,13 @@ def set_natgrad_probes(pairs) -> None:
     for gp in pairs:
         Lu = gp.q_u.u_scale_tril
         C = torch.zeros(Lu.shape[:-1] + (gp.q_v.u_loc.shape[-1],), dtype=Lu.dtype, device=Lu.device)
-        gp._cross_probe = C.requires_grad_(True)
+        gp.strategy.cross_probe = C.requires_grad_(True)
 
 
 def clear_natgrad_probes(pairs) -> None:
     """Remove the probes that :func:`set_natgrad_probes` gave (after the natural-gradient step)."""
     for gp in pairs:
-        gp._cross_probe = None
+        gp.strategy.cross_probe = None
 
 
 @torch.no_grad()
@@ -596,7 +599,7 @@ def solvegp_natgrad_step(gp, X, y, lr: float = 1.0, num_data: int | None = None,
         p.grad = None
     set_natgrad_probes(pairs)
     try:
-        probes = [g._cross_probe for g in pairs]
+        probes = [g.strategy.cross_probe for g in pairs]
         with torch.enable_grad():
             loss = -gp.analytic_elbo(X, y, num_data=num_data)
             grads = torch.autograd.grad(loss, params + probes)

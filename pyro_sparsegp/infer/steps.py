@@ -138,7 +138,7 @@ class TrainingStep:
             loss = self.loss(Xb, yb)
             loss.backward()
         if self.world_size > 1:  # data-parallel: average the loss and the gradients over ranks
-            loss = average_loss_and_gradients(loss, self.params + [gp._cross_probe for gp in self.pairs])
+            loss = average_loss_and_gradients(loss, self.params + [gp.strategy.cross_probe for gp in self.pairs])
         return loss
 
     def grads(self) -> list:
@@ -157,7 +157,7 @@ class TrainingStep:
             self.engine(self.handed)
             lr, retract = (self.plan.lr(step), self.plan.retract) if self.pairs else (None, None)
             for gp in self.pairs:
-                if gp._cross_probe.grad is not None:
+                if gp.strategy.cross_probe.grad is not None:
                     solvegp_joint_natgrad_from_grads_(gp, lr, retract(gp.q_u))
                 else:  # a bound that bypassed the layer's qf: the factors' own natural-gradient steps
                     natgrad_from_grads_(gp.q_u, lr, retract(gp.q_u))

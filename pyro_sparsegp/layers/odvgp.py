@@ -56,15 +56,15 @@ import torch
 from pyro.nn import PyroParam
 from torch.distributions import constraints
 
-from . import conditionals as cond
-from . import inducing as ind
-from .composition import layer_method
-from .inputs import as_tensor
-from .kernels import kernel_matrix
-from .layers import SVGP
-from .linalg import whitened_marginals
+from .. import conditionals as cond
+from .. import inducing as ind
+from ..composition import layer_method
+from ..inputs import as_tensor
+from ..kernels import kernel_matrix
+from ..linalg import whitened_marginals
+from ..validation import check_orthogonal_inputs
 from .solvegp import OrthogonalInputs
-from .validation import check_orthogonal_inputs
+from .svgp import SVGP
 
 __all__ = ["ODVGP"]
 
@@ -112,8 +112,8 @@ class ODVGP(OrthogonalInputs, SVGP):
         """``(loc, var, Luu, b)``: the marginals of ``q(f)`` at ``X [B, D]`` (module docstring) and
         ``b = Luu^{-1} K_uv a`` ``[M]``. One Cholesky of ``Kuu``; ``K_fv a`` and ``K_uv a`` are ``O((B + M) M2)``."""
         k, a = self.kernel, self.a
-        Kuu, Luu = self._kuu_chol(consume=False)
-        self._cache.clear()
+        Kuu, Luu = self.strategy.kuu_chol(consume=False)
+        self.strategy.clear()
         Kuv_a = kernel_matrix(k, self.Z, self.O) @ a  # [M]
         Kfv_a = kernel_matrix(k, X, self.O) @ a  # [B]
         b = torch.linalg.solve_triangular(Luu, Kuv_a.unsqueeze(-1), upper=False).squeeze(-1)  # [M]
@@ -152,8 +152,8 @@ class ODVGP(OrthogonalInputs, SVGP):
     def kl_divergence(self, consume: bool = False, columns=None) -> torch.Tensor:
         """``KL_u + KL_v`` (eqs. 35-36 at ``S_v = C_vv``, ``m_v = C_vv a``), ``()``, with ``a^T K_vv a`` from the
         columns ``columns`` (``None``: ``num_subsample`` drawn afresh; all ``M2``: exact)."""
-        _, Luu = self._kuu_chol(consume=False)
-        self._cache.clear()
+        _, Luu = self.strategy.kuu_chol(consume=False)
+        self.strategy.clear()
         Kuv_a = kernel_matrix(self.kernel, self.Z, self.O) @ self.a  # [M]
         b = torch.linalg.solve_triangular(Luu, Kuv_a.unsqueeze(-1), upper=False).squeeze(-1)
         return self.kl_u(Luu) + self.kl_v(b, columns)
@@ -199,4 +199,4 @@ class ODVGP(OrthogonalInputs, SVGP):
             "ODVGP has no Pyro model/guide sites (q(v⊥) = N(C_vv a, C_vv) would need chol(C_vv), cubic in M2); "
             "train it on analytic_elbo, e.g. pyro_sparsegp.infer.fit(gp, X, y)")
 
-    model = guide = sample_u = sample_f = sample_hidden = conditional = _sites
+    model = guide = sample_u = sample_f = sample_hidden = conditional = moments = _sites

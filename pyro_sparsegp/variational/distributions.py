@@ -16,7 +16,7 @@ import torch
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
-from .linalg import cholesky
+from ..linalg import cholesky
 
 __all__ = ["GaussianQ", "to_natural", "from_natural", "live_gaussian_families"]
 

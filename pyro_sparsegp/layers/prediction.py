@@ -1,0 +1,69 @@
+"""Prediction of a layer from its strategy: marginals of ``q(f*)`` in bounded chunks, the full covariance, joint
+draws (Hensman, Fusi, Lawrence 2013, eq. 7 at test inputs; Shi, Titsias, Mnih 2020, eqs. 37-38 for SOLVE-GP)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..composition import layer_method
+from ..kernels import kernel_matrix
+from ..linalg import cholesky, solve_lower
+from ..validation import check_predict
+
+__all__ = ["Prediction"]
+
+
+class Prediction:
+    """Mixin of the layers: :meth:`predict`, :meth:`qf_full` and :meth:`sample_posterior`, over the layer's
+    ``strategy``, ``qf`` and mean function."""
+
+    @layer_method
+    @torch.no_grad()
+    def predict(self, X: torch.Tensor, full: bool = False, batch_size: int | None = None):
+        """Mean and variance of ``q(f*)`` at ``X`` ``[..., N, D]`` (no gradients); with ``full=True`` also the
+        predictive distribution of ``y*`` from the likelihood, shaped like the training targets (``[..., N]``, or
+        ``[..., N, L]``). ``X`` is processed in chunks of ``batch_size`` rows (default: as many as keep the
+        ``[L, M, rows]`` projection within 2^24 elements), so memory is bounded."""
+        X, _ = self.check_inputs(X, None, purpose="predict")
+        batch_size = check_predict(self, full, batch_size)
+        multi = self.num_outputs is not None
+        Xq = X.unsqueeze(-3) if multi and X.dim() > 2 else X
+        parts = [self.qf(Xq[..., i : i + batch_size, :]) for i in range(0, max(X.shape[-2], 1), batch_size)]
+        self.strategy.clear()
+        mean, var = (torch.cat(t, -1) for t in zip(*parts, strict=True))  # [..., (L,) N]
+        out = (mean.movedim(-2, -1), var.movedim(-2, -1)) if multi else (mean, var)
+        if full:
+            if self.likelihood is None:
+                raise ValueError("predict(full=True) needs a likelihood; this layer has none (a hidden layer)")
+            return out + (self.likelihood.predictive(mean, var),)
+        return out
+
+    @layer_method
+    def qf_full(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Mean ``[..., (L,) N]`` and full covariance ``[..., (L,) N, N]`` of :math:`q(f^*)` at ``X [N, D]``:
+        :math:`K_{**} - W^T W + A^T S A` with :math:`W = L_{uu}^{-1} K_{u*}` and :math:`A = W` (whitened) or
+        :math:`L_{uu}^{-T} W` (Hensman, Fusi, Lawrence 2013, eq. 7, at test inputs), summed over the strategy's
+        sets of inducing variables (SOLVE-GP: ``u`` and ``v⊥``, eqs. 37-38)."""
+        Xk = self.strategy.align(X)
+        terms, proj = self.strategy.full_terms(X)
+        self.strategy.clear()
+        cov = kernel_matrix(self.kernel, Xk) - sum(P.mT @ P for P in proj)  # [(L|1,) N, N]
+        mean = self._mean(X)
+        for W, loc, tril, L in terms:
+            A = W if L is None else solve_lower(L, W, transpose=True)
+            mean = mean + (loc.unsqueeze(-2) @ A).squeeze(-2)
+            SA = tril.mT @ A
+            cov = cov + SA.mT @ SA
+        return mean, cov
+
+    @torch.no_grad()
+    def sample_posterior(self, X: torch.Tensor, num_samples: int = 1) -> torch.Tensor:
+        """Joint draws of ``f*`` from :math:`q(f^*)` at ``X [N, D]`` with its full covariance (smooth function
+        draws, not independent marginals): ``[num_samples, N]`` or ``[num_samples, N, L]``."""
+        X, _ = self.check_inputs(X, None)
+        mean, cov = self.qf_full(X)
+        # low-rank by nature: a raised jitter only adds a little independent noise to the draws
+        L = cholesky(0.5 * (cov + cov.mT), self.jitter, warn_singular=False, warn_jitter=False)
+        eps = torch.randn((num_samples,) + mean.shape, dtype=mean.dtype, device=mean.device)
+        f = mean + (L @ eps.unsqueeze(-1)).squeeze(-1)
+        return f.movedim(-2, -1) if self.num_outputs is not None else f
