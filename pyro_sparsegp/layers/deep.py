@@ -166,16 +166,6 @@ class DeepGP(DeepPrediction, PyroModule):
                 lik.check_y(y)
         return X, y
 
-    def _targets(self, y):
-        if y is not None and self.last.num_outputs is not None and self.likelihood.latent_dim == 1:
-            return y.mT  # [L, B]
-        return y
-
-    def clear_cache(self) -> None:
-        """Drop every layer's cached factors."""
-        for layer in self._stack:
-            layer.clear_cache()
-
     # -- the Pyro program ---------------------------------------------------------------------------------------
     def create_plates(self, X, y=None, *, subsample_size=None, num_data=None):
         """The data plate ``"<name>.data"`` (``dim=-1``) that :meth:`model` opens for these arguments, drawn from

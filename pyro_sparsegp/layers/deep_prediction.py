@@ -14,6 +14,16 @@ class DeepPrediction:
     """Mixin of :class:`~pyro_sparsegp.layers.deep.DeepGP`: the predictive mixture's components, its test
     log-likelihood and class probabilities. ``batch_size`` rows of ``X`` at a time (``None``: all at once)."""
 
+    def _targets(self, y):
+        if y is not None and self.last.num_outputs is not None and self.likelihood.latent_dim == 1:
+            return y.mT  # [L, B]
+        return y
+
+    def clear_cache(self) -> None:
+        """Drop every layer's cached factors."""
+        for layer in self._stack:
+            layer.clear_cache()
+
     def _components(self, X, num_samples, batch_size):
         """``(loc, var)`` of the mixture's ``S`` components at ``X`` ``[N, D]``: ``[S, N]`` or ``[S, L, N]``."""
         parts = []
