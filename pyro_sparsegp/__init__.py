@@ -5,6 +5,7 @@ from . import (
     composition,
     conditionals,
     conv,
+    covariances,
     data_stream,
     datasets,
     deep,
@@ -22,8 +23,7 @@ from . import (
 from .conv import ConvLayer, DeepConvGP
 from .deep import DeepGP
 from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, InducingSum
-from .kernels_conv import TICK, ConvKernel
-from .kernels_sum import SumKernel
+from .kernels import TICK, ConvKernel, SumKernel
 from .layers import SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
 from .likelihoods_multiclass import RobustMax, Softmax
@@ -60,6 +60,7 @@ __all__ = [
     "deep",
     "conditionals",
     "conv",
+    "covariances",
     "inducing",
     "kernels_conv",
     "kernels_sum",
