@@ -28,7 +28,8 @@ __all__ = ["Kuu", "Kuf", "Kdiag", "check"]
 def check(inducing, kernel) -> None:
     """``ValueError`` when ``inducing`` cannot be used with ``kernel``: :class:`~.dispatch.NoRuleError` (a
     ``TypeError`` and a ``ValueError``) for a pair without a rule or a kernel without a diagonal, else the rule's own
-    shape checks (e.g. ``Z`` ``[..., M, d]`` with the ``d`` the kernel reads). The layers call it at construction."""
+    shape checks (e.g. ``Z`` ``[..., M, d]`` with the ``d`` the kernel reads): whether :func:`Kuu` and :func:`Kuf`
+    (Hensman, Matthews, Ghahramani 2015, eq. 19) exist for the pair. The layers call it at construction."""
     rule = lookup(type(inducing), type(kernel))
     rule.check(inducing, kernel)
     lookup_diag(type(kernel))

@@ -1,6 +1,6 @@
 r"""Inducing patches of the convolutional kernels: inter-domain inducing variables ``u_m = g(z_m)`` of the
 patch-response GP ``g`` (van der Wilk, Rasmussen, Hensman 2017, section 3.1; Lázaro-Gredilla and Figueiras-Vidal
-2009), and, for TICK, ``u_m = g(z_m, tau_m)`` with a location ``tau_m`` (Dutordoir et al. 2020, sec. 3).
+2009), and, for TICK, ``u_m = g(z_m, tau_m)`` with a location ``tau_m`` (Dutordoir et al. 2020, section 3).
 
 .. math::
 
@@ -90,7 +90,7 @@ class PatchesRule(Rule):
 @register(IndexedInducingPatches, TICK)
 class IndexedPatchesRule(Rule):
     """Inducing patches with locations, ``Z`` ``[(L,) M, d]`` and ``T`` ``[(L,) M, 2]``, of TICK (Dutordoir et al.
-    2020, sec. 3.2): the patch kernel times the Matérn-3/2 location kernel ``k_t``."""
+    2020, section 3.2): the patch kernel times the Matérn-3/2 location kernel ``k_t``."""
 
     @staticmethod
     def check(inducing, kernel) -> None:
@@ -99,7 +99,7 @@ class IndexedPatchesRule(Rule):
 
     @staticmethod
     def Kuu(inducing, kernel, other=None) -> torch.Tensor:
-        """``k_g(Z, Z') k_t(T, T')`` ``[(L,) M, M']`` (Dutordoir et al. 2020, sec. 3.2)."""
+        """``k_g(Z, Z') k_t(T, T')`` ``[(L,) M, M']`` (Dutordoir et al. 2020, section 3.2)."""
         other = inducing if other is None else other
         K = kernel_matrix(kernel.base_kernel, inducing.Z, None if other is inducing else other.Z)
         return K * kernel.location_factor(inducing.locations, other.locations)

@@ -25,7 +25,8 @@ __all__ = ["SumRule", "block_diagonal", "sum_kernel_diag"]
 
 def block_diagonal(blocks) -> torch.Tensor:
     """``blockdiag(K_1, ..., K_K)`` ``[..., sum M_k, sum M'_k]`` of blocks ``K_k`` ``[..., M_k, M'_k]`` whose leading
-    dimensions broadcast (``torch.block_diag`` takes 2-D blocks only)."""
+    dimensions broadcast (``torch.block_diag`` takes 2-D blocks only): the ``Kuu`` of independent parts (Hensman,
+    Matthews, Ghahramani 2015, eq. 19 per part)."""
     lead = torch.broadcast_shapes(*(b.shape[:-2] for b in blocks))
     K = blocks[0].new_zeros(lead + (sum(b.shape[-2] for b in blocks), sum(b.shape[-1] for b in blocks)))
     r = c = 0
@@ -38,7 +39,9 @@ def block_diagonal(blocks) -> torch.Tensor:
 @register(InducingSum, SumKernel)
 class SumRule(Rule):
     """An :class:`~pyro_sparsegp.inducing.InducingSum` under a :class:`~pyro_sparsegp.kernels.SumKernel` (one part
-    per kernel, in order): ``Kuu`` block-diagonal, ``Kuf`` stacked (module docstring)."""
+    per kernel, in order): ``Kuu`` ``[(L,) M, M']`` block-diagonal, ``Kuf`` ``[..., (L|1,) M, B]`` stacked (module
+    docstring): the :math:`K_{mm}`, :math:`K_{mn}` of Hensman, Matthews, Ghahramani 2015, eq. 19 for
+    ``u = (u_1, ..., u_K)``."""
 
     @staticmethod
     def check(inducing, kernel) -> None:
@@ -69,6 +72,7 @@ hint(InducingSum, "an InducingSum needs a SumKernel (pyro_sparsegp.kernels.SumKe
 
 @register_diag(SumKernel)
 def sum_kernel_diag(kernel: SumKernel, X: torch.Tensor) -> torch.Tensor:
-    """``sum_k k_k(x_n, x_n)`` ``[..., B]`` for ``X`` ``[..., B, D]``, each part's diagonal by its own rule."""
+    """``sum_k k_k(x_n, x_n)`` ``[..., B]`` for ``X`` ``[..., B, D]``, each part's diagonal by its own rule: the
+    diagonal of :math:`K_{nn}` (Hensman, Matthews, Ghahramani 2015, eq. 19) of ``k_f = sum_k k_k``."""
     return sum(Kdiag(k, X) for k in kernel.kernels)
 

@@ -64,12 +64,12 @@ class InducingVariables(PyroModule):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype of ``Z`` (and of every tensor of this inducing variable)."""
+        """The dtype of ``Z`` (and of every tensor of this inducing variable); no shape."""
         return self.Z.dtype
 
     @property
     def device(self) -> torch.device:
-        """The device of ``Z``."""
+        """The device of ``Z``; no shape."""
         return self.Z.device
 
     def check_like(self, other: InducingVariables) -> None:
@@ -144,7 +144,8 @@ class InducingSum(InducingVariables):
         order, all with the same ``batch_shape`` (``()`` shared, or ``(L,)`` one set per output).
 
     ``M = sum_k M_k``; ``Kuu`` ``[..., M, M]`` is block-diagonal and ``Kuf`` ``[..., M, B]`` the parts' stacked
-    (:mod:`pyro_sparsegp.covariances.sums`). There is no single ``Z``: read ``parts[k].Z``."""
+    (:mod:`pyro_sparsegp.covariances.sums`: the :math:`K_{mm}`, :math:`K_{mn}` of Hensman, Matthews, Ghahramani
+    2015, eq. 19). There is no single ``Z``: read ``parts[k].Z``."""
 
     def __init__(self, *parts):
         PyroModule.__init__(self)
@@ -161,30 +162,36 @@ class InducingSum(InducingVariables):
 
     @property
     def Z(self):
+        """There is no single ``Z`` ``[..., M, d]``: ``TypeError`` (read ``parts[k].Z``)."""
         raise TypeError("an InducingSum has no single Z: read inducing.parts[k].Z (one per kernel of the sum)")
 
     @property
     def num_inducing(self) -> int:
-        """``M = sum_k M_k``."""
+        """``M = sum_k M_k`` (parts' ``Z`` ``[..., M_k, d_k]``)."""
         return sum(p.num_inducing for p in self.parts)
 
     @property
     def batch_shape(self) -> torch.Size:
+        """The parts' common ``batch_shape``: ``()`` or ``(L,)``."""
         return self.parts[0].batch_shape
 
     @property
     def dtype(self) -> torch.dtype:
+        """The parts' common dtype; no shape."""
         return self.parts[0].dtype
 
     @property
     def device(self) -> torch.device:
+        """The device of the first part; no shape."""
         return self.parts[0].device
 
     def input_dim(self, kernel) -> int:
-        """``D``: the features every kernel of the sum reads."""
+        """``D``: the features every kernel of the sum reads (inputs ``X`` ``[..., B, D]``)."""
         return kernel.input_dim
 
     def check_like(self, other) -> None:
+        """``ValueError`` unless ``other`` is an :class:`InducingSum` of as many parts, each like this one's (parts'
+        ``Z`` ``[..., M_k, d_k]`` and ``[..., M2_k, d_k]``)."""
         if not isinstance(other, InducingSum) or len(other.parts) != len(self.parts):
             raise ValueError(f"O must be an InducingSum of {len(self.parts)} parts like Z, got {type(other).__name__}")
         for p, o in zip(self.parts, other.parts, strict=True):
