@@ -152,7 +152,7 @@ def build(model, Xtr, M, args):
                 Luu, Lc, _ = out.strategy.joint_factors()
                 out.q_v.set(torch.zeros_like(out.q_v.u_loc), Lc.expand_as(out.q_v.u_scale_tril))
             else:
-                Luu = cholesky(ps.inducing.Kuu(out.inducing, out.kernel))
+                Luu = cholesky(ps.covariances.Kuu(out.inducing, out.kernel))
             out.q_u.set(torch.zeros_like(out.q_u.u_loc), Luu.expand_as(out.q_u.u_scale_tril))
         return gp, lambda X: gp.predict_proba(X, num_samples=args.samples, batch_size=args.eval_batch)
     else:

@@ -35,7 +35,8 @@ CITE = re.compile(
 # infrastructure that implements no paper equation: shapes are required, a citation is not
 NO_PAPER = {"pyro_sparsegp.infer.fit", "pyro_sparsegp.infer.batches", "pyro_sparsegp.infer.checkpoint",
             "pyro_sparsegp.infer.guard", "pyro_sparsegp.infer.distributed", "pyro_sparsegp.infer.steps",
-            "pyro_sparsegp.datasets", "pyro_sparsegp.kernels", "pyro_sparsegp.linalg",
+            "pyro_sparsegp.datasets", "pyro_sparsegp.kernels.batched", "pyro_sparsegp.linalg",
+            "pyro_sparsegp.covariances.dispatch", "pyro_sparsegp.inducing.init",
             "pyro_sparsegp.composition", "pyro_sparsegp.data_stream", "pyro_sparsegp.validation",
             "pyro_sparsegp.deferred"}
 # objects that take or return no tensor: shapes do not apply
@@ -47,7 +48,7 @@ NO_TENSORS = {
     "pyro_sparsegp.infer.guard.StepGuard.check", "pyro_sparsegp.infer.guard.StepGuard.is_numerical",
     "pyro_sparsegp.infer.guard.StepGuard.numerical_failure", "pyro_sparsegp.infer.guard.StepGuard.redo",
     "pyro_sparsegp.infer.steps.TrainingStep.clear", "pyro_sparsegp.infer.natgrad.natgrad_step_for",
-    "pyro_sparsegp.kernels.expected_input_dim", "pyro_sparsegp.linalg.CholeskyJitterWarning",
+    "pyro_sparsegp.kernels.batched.expected_input_dim", "pyro_sparsegp.linalg.CholeskyJitterWarning",
     "pyro_sparsegp.linalg.default_jitter",
 }
 INHERITED = {"expand", "log_prob", "sample", "rsample", "mean", "variance", "support", "forward", "cdf", "icdf",

@@ -5,6 +5,7 @@ from . import (
     composition,
     conditionals,
     conv,
+    covariances,
     data_stream,
     datasets,
     deep,
@@ -12,8 +13,6 @@ from . import (
     inducing,
     infer,
     kernels,
-    kernels_conv,
-    kernels_sum,
     likelihoods,
     linalg,
     mean_functions,
@@ -22,8 +21,7 @@ from . import (
 from .conv import ConvLayer, DeepConvGP
 from .deep import DeepGP
 from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, InducingSum
-from .kernels_conv import TICK, ConvKernel
-from .kernels_sum import SumKernel
+from .kernels import TICK, ConvKernel, SumKernel
 from .layers import ODVGP, SOLVEGP, SVGP
 from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
 from .likelihoods_multiclass import RobustMax, Softmax
@@ -58,9 +56,8 @@ __all__ = [
     "deep",
     "conditionals",
     "conv",
+    "covariances",
     "inducing",
-    "kernels_conv",
-    "kernels_sum",
     "distributions",
     "infer",
     "kernels",

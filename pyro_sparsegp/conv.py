@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from .kernels_conv import patches
-from .kmeans import kmeans
+from .inducing import kmeans
+from .kernels.conv import patches
 from .layers.conv import ConvLayer, DeepConvGP
 
 __all__ = ["ConvLayer", "DeepConvGP", "init_patches", "kmeans", "log_likelihood_and_accuracy"]

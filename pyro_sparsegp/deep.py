@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from pyro.contrib.gp import kernels as pk
 
-from .kmeans import kmeans
+from .inducing import kmeans
 from .layers import SOLVEGP, SVGP
 from .layers.deep import DeepGP, sample_marginal
 from .mean_functions import FixedProjection
@@ -20,7 +20,7 @@ __all__ = ["DeepGP", "build_deep_gp", "init_inducing", "sample_marginal"]
 # -- initialisation -----------------------------------------------------------------------------------------------
 def init_inducing(X: torch.Tensor, M: int, method: str = "kmeans", seed: int = 0) -> torch.Tensor:
     """``M`` inducing inputs ``[M, D]`` from the data ``X`` ``[N, D]``: k-means centres started from ``M`` random
-    points (:func:`pyro_sparsegp.kmeans.kmeans`, as the reference code of Salimbeni & Deisenroth 2017 does with
+    points (:func:`pyro_sparsegp.inducing.init.kmeans`, as the reference code of Salimbeni & Deisenroth 2017 does with
     ``scipy.cluster.vq.kmeans2(..., minit="points")``), or (``method="random"``) a random subset of the rows."""
     N = X.shape[0]
     g = torch.Generator().manual_seed(seed)

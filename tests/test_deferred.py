@@ -136,7 +136,7 @@ def test_an_inexact_kernel_redoes_the_window_on_the_exact_differences(defer_on_c
     """float32 inputs with an outlier whose neighbour is an inducing input (the product form is inexact there only in
     float32, so the test builds a float32 model in either pass): the product form is flagged inexact, the window is
     redone, and from then on every kernel takes the exact differences."""
-    kernels = importlib.import_module("pyro_sparsegp.kernels")
+    kernels = importlib.import_module("pyro_sparsegp.kernels.batched")
     real, exact_calls = kernels._sqdist_by_differences, {"n": 0}
 
     def counting(*args):

@@ -383,7 +383,7 @@ def test_ep_gfitc_and_mfsp_use_the_pair_covariances_of_inducing_patches():
     kernel) pair: with inducing patches of a convolutional kernel, ``W^T W = Kfu Kuu^{-1} Kuf`` and the FITC
     diagonal equal a dense computation from ``torch.nn.functional.unfold`` patches (van der Wilk et al. 2017,
     eq. 6 with the mean normalisation ``c = 1/P``), and both methods then fit and predict."""
-    from pyro_sparsegp import inducing as ind
+    from pyro_sparsegp.covariances import Kdiag
     from pyro_sparsegp.infer import fit_gfitc
     from pyro_sparsegp.infer.ep import _fitc_stats
     from pyro_sparsegp.infer.mfsp import _pieces
@@ -404,7 +404,7 @@ def test_ep_gfitc_and_mfsp_use_the_pair_covariances_of_inducing_patches():
             torch.testing.assert_close(w.T @ w, Q, atol=1e-8, rtol=1e-6)
         if K:
             torch.testing.assert_close(d, (kff - Q.diagonal()).expand(3, 15), atol=1e-8, rtol=1e-6)
-            torch.testing.assert_close(ind.Kff_diag(gp.kernel, X), kff)
+            torch.testing.assert_close(Kdiag(gp.kernel, X), kff)
     y = torch.arange(15) % 3
     for fn in (fit_ep, fit_gfitc):
         gp = ps.SVGP(ps.ConvKernel(base, (H, W, 1), 3, 1), ps.InducingPatches(Z.clone()), ps.RobustMax(3),

@@ -450,7 +450,7 @@ def test_rbf_heavy_tailed_inputs_stay_on_the_product_and_exact(dtype):
     still matches the explicit differences in float64; two close points both far out still take the differences."""
     from pyro.contrib.gp import kernels as pk
 
-    from pyro_sparsegp import kernels as kern
+    from pyro_sparsegp.kernels import batched as kern
 
     torch.manual_seed(0)
     X = torch.randn(200, 4, dtype=torch.float64)

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import inducing as ind
+from .. import covariances as cov
 from ..likelihoods_multiclass import RobustMax
 from ..linalg import KUU_INVERSE_ADVICE, cholesky, project_chol
 
@@ -87,12 +87,12 @@ def _fitc_stats(module, X):
     The covariances are those of the module's (inducing variable, kernel) pair (:func:`~pyro_sparsegp.inducing.Kuu`,
     :func:`~pyro_sparsegp.inducing.Kuf`), so inducing patches of a convolutional kernel work as inducing points do."""
     K = module.num_outputs
-    Kuu = ind.Kuu(module.inducing, module.kernel)  # [M, M] shared or [K, M, M] per class
+    Kuu = cov.Kuu(module.inducing, module.kernel)  # [M, M] shared or [K, M, M] per class
     L = cholesky(Kuu, module.jitter, warn_singular=KUU_INVERSE_ADVICE)
-    (W,) = project_chol(Kuu, L, ind.Kuf(module.inducing, module.kernel, X.unsqueeze(-3)))  # [1|K, M, N]
+    (W,) = project_chol(Kuu, L, cov.Kuf(module.inducing, module.kernel, X.unsqueeze(-3)))  # [1|K, M, N]
     M, N = W.shape[-2:]
     L, W = L.expand(K, M, M), W.expand(K, M, N)
-    d = (ind.Kff_diag(module.kernel, X) - W.pow(2).sum(-2)).clamp(min=0.0)
+    d = (cov.Kdiag(module.kernel, X) - W.pow(2).sum(-2)).clamp(min=0.0)
     return L, W, d
 
 

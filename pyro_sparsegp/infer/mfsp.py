@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import inducing as ind
+from .. import covariances as cov
 from ..likelihoods import Bernoulli
 from ..linalg import KUU_INVERSE_ADVICE, cholesky, project_chol
 
@@ -49,12 +49,12 @@ def _check(module, X, y):
 
 
 def _pieces(module, X):
-    Kmm = ind.Kuu(module.inducing, module.kernel)  # the pair's covariances: inducing points or patches alike
+    Kmm = cov.Kuu(module.inducing, module.kernel)  # the pair's covariances: inducing points or patches alike
     L = cholesky(Kmm, module.jitter, warn_singular=KUU_INVERSE_ADVICE)
-    (W,) = project_chol(Kmm, L, ind.Kuf(module.inducing, module.kernel, X))  # [M, N]
+    (W,) = project_chol(Kmm, L, cov.Kuf(module.inducing, module.kernel, X))  # [M, N]
     eye = torch.eye(W.shape[0], dtype=W.dtype, device=W.device)
     Lb = cholesky(eye + W @ W.mT)  # B = I + W W^T: |Q + I| = |B|, (Q + I)^{-1} = I - W^T B^{-1} W
-    return L, W, Lb, ind.Kff_diag(module.kernel, X)
+    return L, W, Lb, cov.Kdiag(module.kernel, X)
 
 
 def _moments(a, sgn, s2):

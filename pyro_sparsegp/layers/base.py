@@ -9,6 +9,7 @@ import warnings
 
 import torch
 
+from .. import covariances as cov
 from .. import deferred
 from .. import inducing as ind
 from ..composition import plate as data_plate
@@ -65,7 +66,7 @@ def layer_arguments(kernel, Z, likelihood, num_outputs, integrate_f, jitter, mea
     if per_output and (num_outputs is None or per_output != (num_outputs,)):
         raise ValueError(f"inducing variables with batch shape {per_output} (one set per output) need "
                          f"num_outputs == {per_output[0]}")
-    inducing.check(kernel)
+    cov.check(inducing, kernel)
     out = getattr(mean_function, "out_dim", None)
     if out is not None and out != (num_outputs or 1):
         raise ValueError(f"the mean function has {out} outputs but the layer has {num_outputs or 1}")

@@ -18,7 +18,7 @@ next layer's input, ``[..., B, P_out*C_out]`` (flattened ``[H_out, W_out, C_out]
 ``[..., C_out, 1, M]``; :meth:`ConvLayer.sample` returns the reparameterised per-point samples.
 
 **Deep model** (:class:`DeepConvGP`): hidden :class:`ConvLayer` s feeding an output :class:`~pyro_sparsegp.SVGP` or
-:class:`~pyro_sparsegp.SOLVEGP` with a :class:`~pyro_sparsegp.kernels_conv.TICK` kernel, indexed inducing patches
+:class:`~pyro_sparsegp.SOLVEGP` with a :class:`~pyro_sparsegp.kernels.conv.TICK` kernel, indexed inducing patches
 and a multi-class likelihood (latent functions integrated by quadrature given ``u``). ``Trace_ELBO`` (or
 ``TraceMeanField_ELBO`` for analytic KLs) with vectorised particles on ``model``/``guide`` estimates eq. 11 of Shi et
 al. (eq. 39 for the variational distribution; SVGP layers: Salimbeni and Deisenroth 2017, eq. 4 with sampled ``u``).
@@ -39,7 +39,7 @@ import torch
 from pyro.nn import PyroModule, pyro_method
 
 from ..inducing import IndexedInducingPatches
-from ..kernels_conv import TICK, _image, _pair, output_shape, patches
+from ..kernels.conv import TICK, _image, _pair, output_shape, patches
 from ..naming import unique_name
 from .deep import DeepGP
 from .solvegp import SOLVEGP
@@ -192,7 +192,7 @@ class DeepConvGP(DeepGP):
 
     :param hidden: list of :class:`ConvLayer` (each one's ``output_image_shape`` is the next one's input).
     :param output: :class:`~pyro_sparsegp.SVGP` or :class:`~pyro_sparsegp.SOLVEGP` with a
-        :class:`~pyro_sparsegp.kernels_conv.TICK` kernel on the last hidden feature map, inducing
+        :class:`~pyro_sparsegp.kernels.conv.TICK` kernel on the last hidden feature map, inducing
         :class:`~pyro_sparsegp.inducing.IndexedInducingPatches`, ``num_outputs = K`` classes, a multi-class
         likelihood and ``integrate_f=True``.
     :param int num_samples: ``S`` samples propagated by :meth:`analytic_elbo`.

@@ -57,6 +57,7 @@ from pyro.nn import PyroParam
 from torch.distributions import constraints
 
 from .. import conditionals as cond
+from .. import covariances as cov
 from .. import inducing as ind
 from ..composition import layer_method
 from ..inputs import as_tensor
@@ -119,8 +120,8 @@ class ODVGP(OrthogonalInputs, SVGP):
         b = torch.linalg.solve_triangular(Luu, Kuv_a.unsqueeze(-1), upper=False).squeeze(-1)  # [M]
         m, C = cond.whitened_q(self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
         # k_nu Kuu^{-1} (m_u - K_uv a) = W^T (m' - b) with W = Luu^{-1} K_uf (whitened_marginals forms W)
-        loc, dvar = whitened_marginals(ind.Kuf(self.inducing, k, X), m - b, C, Kuu, Luu)
-        return loc + Kfv_a + self._mean(X), cond.clamp_var(ind.Kff_diag(k, X) + dvar), Luu, b
+        loc, dvar = whitened_marginals(cov.Kuf(self.inducing, k, X), m - b, C, Kuu, Luu)
+        return loc + Kfv_a + self._mean(X), cond.clamp_var(cov.Kdiag(k, X) + dvar), Luu, b
 
     def columns(self, generator=None) -> torch.Tensor:
         """A uniform random subset of ``J = num_subsample`` of the ``M2`` column indices, without replacement

@@ -37,6 +37,7 @@ from __future__ import annotations
 import pyro
 import torch
 
+from .. import covariances as cov
 from .. import inducing as ind
 from ..composition import layer_method, sampled_attributes
 from ..validation import check_orthogonal_inputs
@@ -86,7 +87,7 @@ class SOLVEGP(OrthogonalInputs, SVGP):
             check_orthogonal_inputs(O, self.Z)
         orthogonal = ind.as_inducing(O)  # O: a tensor (inducing points) or inducing variables like Z's
         self.inducing.check_like(orthogonal)
-        orthogonal.check(kernel)
+        cov.check(orthogonal, kernel)
         self.orthogonal = orthogonal
         self.odvgp = odvgp
         self.strategy = OrthogonalStrategy(self, odvgp)
@@ -175,7 +176,7 @@ class SOLVEGP(OrthogonalInputs, SVGP):
             L[..., M:, M:] = L_v
             m = torch.cat([m_u, m_v], -1)
         else:
-            Kuu, Kuv = ind.Kuu(u, twin.kernel), ind.Kuu(u, twin.kernel, v)
+            Kuu, Kuv = cov.Kuu(u, twin.kernel), cov.Kuu(u, twin.kernel, v)
             m, L = structured_svgp_params(Kuu, Kuv, m_u, L_u, m_v, L_v, return_scale_tril=True, jitter=twin.jitter)
         gp.q_u.set(m, L.expand(gp.q_u.u_scale_tril.shape))
         return gp

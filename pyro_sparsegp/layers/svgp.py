@@ -21,7 +21,7 @@ import pyro
 import torch
 from pyro.nn import PyroModule
 
-from .. import inducing as ind
+from .. import covariances as cov
 from ..composition import BoundModule, check_plate_alignment, draw_hyperparameters, layer_method, sampled_attributes
 from ..distributions import MarginalizedLikelihood
 from ..likelihoods import Likelihood
@@ -87,7 +87,7 @@ class SVGP(LayerData, Prediction, PyroModule):
         scale_tril = None
         if not whiten and not sampled_attributes(kernel, names=False):  # start at q(u) = p(u) (unless theta is sampled)
             with torch.no_grad():
-                scale_tril = cholesky(ind.Kuu(inducing, kernel), jitter)
+                scale_tril = cholesky(cov.Kuu(inducing, kernel), jitter)
         self.q_u = GaussianQ(inducing.num_inducing, num_outputs, scale_tril)
         self.strategy = Strategy(self)
 

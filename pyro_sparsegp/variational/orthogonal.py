@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .. import conditionals as cond
-from .. import inducing as ind
+from .. import covariances as cov
 from ..linalg import KUU_ADVICE, cholesky, gram, project_chol, solve_lower
 from .cache import XKey
 from .strategy import Strategy, in_layer
@@ -57,19 +57,19 @@ class OrthogonalStrategy(Strategy):
         ``(Luu, Lc, A)`` or ``(Luu, Lc, A, B, D)``."""
         layer = self.layer
         k, u, v = layer.kernel, layer.inducing, layer.orthogonal
-        Kuu = ind.Kuu(u, k)
+        Kuu = cov.Kuu(u, k)
         Luu = cholesky(Kuu, layer.jitter, warn_singular=not layer.whiten and KUU_ADVICE)  # [(L,) M, M]
-        Kuv = ind.Kuu(u, k, v)
+        Kuv = cov.Kuu(u, k, v)
         if Xk is None:
             (A,) = project_chol(Kuu, Luu, Kuv)
         else:
-            A, B = project_chol(Kuu, Luu, Kuv, ind.Kuf(u, k, Xk))  # [(L,) M, M2], [..., (L,) M, B]
-        Cvv = ind.Kuu(v, k) - gram(A)
+            A, B = project_chol(Kuu, Luu, Kuv, cov.Kuf(u, k, Xk))  # [(L,) M, M2], [..., (L,) M, B]
+        Cvv = cov.Kuu(v, k) - gram(A)
         # [(L,) M2, M2]; the factorisation reads the lower triangle only
         Lc = cholesky(Cvv, layer.jitter, warn_singular=not layer.whiten and CVV_ADVICE)
         if Xk is None:
             return Luu, Lc, A
-        (D,) = project_chol(Cvv, Lc, ind.Kuf(v, k, Xk) - A.mT @ B)  # [..., (L,) M2, B]
+        (D,) = project_chol(Cvv, Lc, cov.Kuf(v, k, Xk) - A.mT @ B)  # [..., (L,) M2, B]
         return Luu, Lc, A, B, D
 
     @in_layer
@@ -88,7 +88,7 @@ class OrthogonalStrategy(Strategy):
             return self.cache.entries.pop(key)
         Xk = self.align(X)
         Luu, Lc, A, B, D = self.joint_factors(Xk)
-        stats = (Luu, Lc, B, D, ind.Kff_diag(self.layer.kernel, Xk))  # kdiag [..., (1,) B]
+        stats = (Luu, Lc, B, D, cov.Kdiag(self.layer.kernel, Xk))  # kdiag [..., (1,) B]
         if not consume:  # the factors are left for the model's priors / the KL (one factorisation per evaluation)
             self.cache.put({("chol2", self.key()): (Luu, Lc, A), key: stats})
         return stats

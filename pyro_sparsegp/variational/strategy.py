@@ -20,7 +20,7 @@ import pyro.distributions as dist
 import torch
 
 from .. import conditionals as cond
-from .. import inducing as ind
+from .. import covariances as cov
 from ..composition import layer_method, values_key
 from ..distributions.kl import ConditionalNormal
 from ..linalg import KUU_ADVICE, cholesky, project_chol, whitened_marginals
@@ -102,7 +102,7 @@ class Strategy:
         layer = self.layer
 
         def compute():
-            Kuu = ind.Kuu(layer.inducing, layer.kernel)
+            Kuu = cov.Kuu(layer.inducing, layer.kernel)
             return Kuu, cholesky(Kuu, layer.jitter, warn_singular=not layer.whiten and KUU_ADVICE)
 
         return self.cache.once(("luu", self.key()), consume, compute, reset=True, leave=leave)
@@ -125,8 +125,8 @@ class Strategy:
         def compute():
             Kuu, Luu = self.kuu_chol(consume)
             Xk = self.align(X)
-            Kuf = ind.Kuf(layer.inducing, layer.kernel, Xk)  # [..., (L|1,) M, B]
-            return Factors(Kuu, Luu, Kuf, ind.Kff_diag(layer.kernel, Xk))  # kdiag [..., (1,) B]
+            Kuf = cov.Kuf(layer.inducing, layer.kernel, Xk)  # [..., (L|1,) M, B]
+            return Factors(Kuu, Luu, Kuf, cov.Kdiag(layer.kernel, Xk))  # kdiag [..., (1,) B]
 
         return self.cache.once(("stats", XKey(X), self.key()), consume, compute)
 

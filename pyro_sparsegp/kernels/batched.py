@@ -34,9 +34,9 @@ import math
 import torch
 from pyro.contrib.gp import kernels as pk
 
-from . import deferred
+from .. import deferred
 
-__all__ = ["kernel_matrix", "kernel_diag", "expected_input_dim", "required_features"]
+__all__ = ["kernel_matrix", "kernel_diag", "expected_input_dim", "required_features", "matern32"]
 
 
 def _active(kernel):
@@ -223,6 +223,20 @@ def _scaled_sqdist(kernel, X, Z, square=False, exact=False):
     return _sqdist_by_differences(X, Z, ls)  # the raw inputs: x - z is exact for close points (0 for x = z)
 
 
+def _distance(r2: torch.Tensor) -> torch.Tensor:
+    """``r = sqrt(r2)`` ``[..., N, M]`` with a zero gradient at ``r = 0`` (where ``sqrt`` has none)."""
+    return (r2 + torch.finfo(r2.dtype).tiny).sqrt() * (r2 > 0)
+
+
+def matern32(r2: torch.Tensor) -> torch.Tensor:
+    """The unit-variance Matérn-3/2 ``(1 + sqrt(3) r) exp(-sqrt(3) r)`` of scaled squared distances
+    ``r2 = |x - x'|^2 / l^2`` ``[..., N, M]`` -> ``[..., N, M]`` (zero gradient of ``r`` at ``r = 0``). The package's
+    one Matérn-3/2: Pyro's ``Matern32`` here (times its variance) and TICK's location kernel
+    (:class:`~pyro_sparsegp.kernels.conv.TICK`; Dutordoir et al. 2020, sec. 3)."""
+    s = math.sqrt(3) * _distance(r2)
+    return (1 + s) * torch.exp(-s)
+
+
 def _isotropic(kernel, r2):
     var = _hyper(kernel, "variance")
     if isinstance(kernel, pk.RBF):
@@ -230,10 +244,9 @@ def _isotropic(kernel, r2):
     if isinstance(kernel, pk.RationalQuadratic):
         alpha = _hyper(kernel, "scale_mixture")
         return var * (1 + 0.5 / alpha * r2).pow(-alpha)
-    r = (r2 + torch.finfo(r2.dtype).tiny).sqrt() * (r2 > 0)  # zero gradient at r = 0
     if isinstance(kernel, pk.Matern32):
-        s = math.sqrt(3) * r
-        return var * (1 + s) * torch.exp(-s)
+        return var * matern32(r2)
+    r = _distance(r2)
     if isinstance(kernel, pk.Matern52):
         s = math.sqrt(5) * r
         return var * (1 + s + s * s / 3) * torch.exp(-s)

@@ -26,12 +26,12 @@ output grid), ``g ~ GP(0, k_g(z, z') k_t(t, t'))`` with a Matérn-3/2 ``k_t`` of
 ``l_t``: ``k_f(x, x') = c^2 sum_{p,p'} w_p w_p' k_g(x[p], x'[p']) k_t(t_p, t_p')``. ``l_t -> inf`` gives back the
 translation-invariant kernel.
 
-**Cost and memory.** ``Kuf`` (:meth:`ConvKernel.Kzf`) takes ``O(M B P d)``; the diagonal ``k_f(x_n, x_n)``
-(:meth:`ConvKernel.Kdiag`) takes ``O(B P^2 d)`` (the patch Gram of each image: one batched matrix product per
-image chunk, which dominates for large ``P``: 576 patches for 28 x 28 images and 5 x 5 patches). Neither ever holds
-more than ``chunk_elements`` kernel entries at a time: the sums over patches (``Kuf``) and over images (diagonal) run
-in chunks, and with gradients enabled each chunk is recomputed in the backward pass (activation checkpointing), so
-the ``[M, B, P]`` tensor is never materialised when it would not fit.
+**Cost and memory.** ``Kuf`` of inducing patches (:func:`pyro_sparsegp.covariances.Kuf`) takes ``O(M B P d)``; the
+diagonal ``k_f(x_n, x_n)`` (:meth:`ConvKernel.Kdiag`) takes ``O(B P^2 d)`` (the patch Gram of each image: one
+batched matrix product per image chunk, which dominates for large ``P``: 576 patches for 28 x 28 images and 5 x 5
+patches). Neither ever holds more than ``chunk_elements`` kernel entries at a time: the sums over patches (``Kuf``)
+and over images (diagonal) run in chunks, and with gradients enabled each chunk is recomputed in the backward pass
+(activation checkpointing), so the ``[M, B, P]`` tensor is never materialised when it would not fit.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 from torch.utils.checkpoint import checkpoint
 
-from .kernels import kernel_matrix
+from .batched import kernel_matrix, matern32
 
-__all__ = ["patches", "patch_locations", "output_shape", "ConvKernel", "TICK", "matern32", "CHUNK_ELEMENTS"]
+__all__ = ["patches", "patch_locations", "output_shape", "ConvKernel", "TICK", "CHUNK_ELEMENTS"]
 
 CHUNK_ELEMENTS = 2**25
 """Default largest number of kernel entries one chunk holds (``2^25``: 128 MiB in float32, 256 MiB in float64)."""
@@ -112,16 +112,6 @@ def _image(image_shape) -> tuple[int, int, int]:
     if len(image_shape) == 3:
         return tuple(int(s) for s in image_shape)
     raise ValueError(f"image_shape must be (H, W) or (H, W, C), got {tuple(image_shape)}")
-
-
-def matern32(T1: torch.Tensor, T2: torch.Tensor, lengthscale: torch.Tensor) -> torch.Tensor:
-    """Unit-variance Matérn-3/2 ``(1 + sqrt(3) r / l) exp(-sqrt(3) r / l)``, ``r = |t - t'|``: ``T1`` ``[..., N, 2]``,
-    ``T2`` ``[..., M, 2]`` -> ``[..., N, M]`` (zero gradient of ``r`` at ``r = 0``). The location kernel of TICK
-    (Dutordoir et al. 2020; Shi, Titsias, Mnih 2020, appendix G.2 use a Matérn-3/2 between patch locations)."""
-    r2 = (T1.unsqueeze(-2) - T2.unsqueeze(-3)).pow(2).sum(-1)
-    r = (r2 + torch.finfo(r2.dtype).tiny).sqrt() * (r2 > 0)
-    s = math.sqrt(3) * r / lengthscale
-    return (1 + s) * torch.exp(-s)
 
 
 class ConvKernel(PyroModule):
@@ -207,48 +197,12 @@ class ConvKernel(PyroModule):
         w = self.weights if self.weighted else self._unit_weights
         return self.scale() * w
 
-    def _location_factor(self, T1, T2):
-        """``k_t`` between location sets (``None``: no location kernel, the translation-invariant kernel)."""
+    def location_factor(self, T1: torch.Tensor | None, T2: torch.Tensor | None) -> torch.Tensor | None:
+        """``k_t(T1, T2)`` ``[..., M, P]`` between location sets ``T1`` ``[..., M, 2]`` and ``T2`` ``[P, 2]``, or
+        ``None``: no location kernel (the translation-invariant kernel; TICK overrides it)."""
         return None
 
-    # -- covariances -------------------------------------------------------------------------------------------
-    def Kzz(self, Z: torch.Tensor, Z2: torch.Tensor | None = None, T=None, T2=None) -> torch.Tensor:
-        """Covariance of inducing patch responses ``u_m = g(z_m)`` (van der Wilk et al. 2017, eq. 13):
-        ``k_g(Z, Z2)`` ``[..., M, M2]`` (times ``k_t(T, T2)`` for TICK)."""
-        K = kernel_matrix(self.base_kernel, Z, Z2)
-        kt = self._location_factor(T, T if T2 is None and Z2 is None else T2)
-        return K if kt is None else K * kt
-
-    def Kzf(self, Z: torch.Tensor, X: torch.Tensor, T: torch.Tensor | None = None) -> torch.Tensor:
-        """Inter-domain ``[Kuf]_{mn} = Cov(g(z_m), f(x_n)) = c sum_p w_p k_g(z_m, x_n[p]) [k_t(tau_m, t_p)]``
-        (van der Wilk et al. 2017, eq. 12): ``Z`` ``[..., M, d]``, ``X`` ``[..., B, H*W*C]`` -> ``[..., M, B]``.
-        Sums over patches in chunks of at most ``chunk_elements`` entries (module docstring)."""
-        Xp = self.extract(X)  # [..., B, P, d]
-        w = self.effective_weights()
-        P = Xp.shape[-2]
-        kt = self._location_factor(T, self.locations(Z.dtype, Z.device))  # [..., M, P] or None
-        lead = torch.broadcast_shapes(Z.shape[:-2], Xp.shape[:-3])
-        M, B = Z.shape[-2], Xp.shape[-3]
-        per_patch = max(1, math.prod(lead) * M * B)
-        step = max(1, min(P, self.chunk_elements // per_patch))
-
-        def part(Zc, Xc, wc, ktc):
-            Bc, Pc, d = Xc.shape[-3:]
-            K = kernel_matrix(self.base_kernel, Zc, Xc.reshape(Xc.shape[:-3] + (Bc * Pc, d)))
-            K = K.reshape(K.shape[:-1] + (Bc, Pc))  # [..., M, B, Pc]
-            if ktc is not None:
-                K = K * ktc.unsqueeze(-2)
-            return K @ wc
-
-        out = None
-        for s in range(0, P, step):
-            sl = slice(s, min(P, s + step))
-            args = (Z, Xp[..., sl, :], w[sl], None if kt is None else kt[..., sl])
-            chunked = step < P and torch.is_grad_enabled()
-            r = checkpoint(part, *args, use_reentrant=False) if chunked else part(*args)
-            out = r if out is None else out + r
-        return out
-
+    # -- k_f ---------------------------------------------------------------------------------------------------
     def Kdiag(self, X: torch.Tensor) -> torch.Tensor:
         """``k_f(x_n, x_n) = c^2 sum_{p,p'} w_p w_p' k_g(x_n[p], x_n[p']) [k_t(t_p, t_p')]``: ``X`` ``[..., B, H*W*C]``
         -> ``[..., B]``. ``O(B P^2 d)``: one ``[P, P]`` patch Gram per image (a batched matrix product), images in
@@ -261,7 +215,7 @@ class ConvKernel(PyroModule):
         lead, (B, P, d) = Xp.shape[:-3], Xp.shape[-3:]
         Xf = Xp.reshape((-1, P, d))
         w = self.effective_weights()
-        kt = self._location_factor(*(2 * (self.locations(X.dtype, X.device),)))
+        kt = self.location_factor(*(2 * (self.locations(X.dtype, X.device),)))
 
         rbf = type(self.base_kernel) is pk.RBF
 
@@ -289,7 +243,7 @@ class ConvKernel(PyroModule):
         X2p = Xp if X2 is None else self.extract(X2)
         w = self.effective_weights()
         t = self.locations(X.dtype, X.device)
-        kt = self._location_factor(t, t)
+        kt = self.location_factor(t, t)
         out = []
         for n in range(Xp.shape[-3]):  # one row of images at a time: [..., N2, P, P]
             K = kernel_matrix(self.base_kernel, Xp[..., n, :, :].unsqueeze(-3), X2p)
@@ -368,7 +322,10 @@ class TICK(ConvKernel):
         super().__init__(base_kernel, image_shape, patch_size, stride, **kwargs)
         self.location_lengthscale = PyroParam(torch.tensor(float(location_lengthscale)), constraints.positive)
 
-    def _location_factor(self, T1, T2):
+    def location_factor(self, T1, T2):
+        """``k_t(T1, T2)`` ``[..., M, P]``: the unit-variance Matérn-3/2 of the distances between locations ``T1``
+        ``[..., M, 2]`` and ``T2`` ``[P, 2]`` in units of ``location_lengthscale`` (Dutordoir et al. 2020, eq. 6)."""
         if T1 is None or T2 is None:
             raise ValueError("TICK needs patch locations: use IndexedInducingPatches (patches with locations)")
-        return matern32(T1, T2, self.location_lengthscale)
+        r2 = (T1.unsqueeze(-2) - T2.unsqueeze(-3)).pow(2).sum(-1) / self.location_lengthscale.pow(2)  # [..., M, P]
+        return matern32(r2)

@@ -5,9 +5,10 @@ The reason for a class of its own (rather than :class:`pyro.contrib.gp.kernels.S
 sum of a convolutional kernel and an RBF on the images (the "wconv + RBF" model of van der Wilk et al. 2017,
 their best on MNIST) takes inducing patches for the convolutional part and inducing images for the RBF part:
 ``u = (u_1, ..., u_K)`` with ``u_k`` inducing variables of ``f_k`` alone
-(:class:`~pyro_sparsegp.inducing.InducingSum`). Since the ``f_k`` are independent,
-``Kuu = blockdiag(K_{u_1 u_1}, ..., K_{u_K u_K})`` and ``Kuf = [K_{u_1 f_1}; ...; K_{u_K f_K}]`` (``Cov(u_k, f) =
-Cov(u_k, f_k)``); ``q(u)`` is one full Gaussian over all of them, as in van der Wilk et al.
+(:class:`~pyro_sparsegp.inducing.InducingSum`; their covariances: :mod:`pyro_sparsegp.covariances.sums`). Since the
+``f_k`` are independent, ``Kuu = blockdiag(K_{u_1 u_1}, ..., K_{u_K u_K})`` and
+``Kuf = [K_{u_1 f_1}; ...; K_{u_K f_K}]`` (``Cov(u_k, f) = Cov(u_k, f_k)``); ``q(u)`` is one full
+Gaussian over all of them, as in van der Wilk et al.
 
 Shapes: ``X`` ``[..., N, D]`` (every part reads the same ``D`` features: flattened images for a convolutional part).
 """
@@ -17,14 +18,15 @@ from __future__ import annotations
 import torch
 from pyro.nn import PyroModule
 
-from .kernels import kernel_diag, kernel_matrix
+from .batched import kernel_diag, kernel_matrix
 
 __all__ = ["SumKernel"]
 
 
-def part_diag(kernel, X: torch.Tensor) -> torch.Tensor:
-    """``k(x_n, x_n)`` ``[..., N]`` of one kernel: its own ``Kdiag`` (convolutional kernels, sums) or
-    :func:`~pyro_sparsegp.kernels.kernel_diag`."""
+def _part_diag(kernel, X: torch.Tensor) -> torch.Tensor:
+    """``k(x_n, x_n)`` ``[..., N]`` of one kernel of the sum: its own ``Kdiag`` (convolutional kernels, sums: batch
+    dimensions kept) or :func:`~pyro_sparsegp.kernels.batched.kernel_diag`. The layers read the diagonal through
+    :func:`pyro_sparsegp.covariances.Kdiag`; this serves the kernel's own ``forward(X, diag=True)``."""
     Kdiag = getattr(kernel, "Kdiag", None)
     return Kdiag(X) if Kdiag is not None else kernel_diag(kernel, X)
 
@@ -52,7 +54,7 @@ class SumKernel(PyroModule):
 
     def Kdiag(self, X: torch.Tensor) -> torch.Tensor:
         """``sum_k k_k(x_n, x_n)`` ``[..., N]`` for ``X`` ``[..., N, D]``."""
-        return sum(part_diag(k, X) for k in self.kernels)
+        return sum(_part_diag(k, X) for k in self.kernels)
 
     def forward(self, X, Z=None, diag=False):
         """Pyro-kernel interface: ``sum_k k_k(X, Z)`` ``[N, M]``, or the diagonal ``[N]`` with ``diag=True``."""
