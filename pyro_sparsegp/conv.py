@@ -1,5 +1,5 @@
-"""Convolutional GP helpers: inducing-patch initialisation and the evaluation metrics of the convolutional
-experiments. The layers themselves (:class:`~pyro_sparsegp.layers.conv.ConvLayer`,
+"""Convolutional GP helpers: the evaluation metrics of the convolutional experiments, and (importable from here)
+the inducing-patch initialisation :func:`~pyro_sparsegp.inducing.init.init_patches`. The layers themselves (:class:`~pyro_sparsegp.layers.conv.ConvLayer`,
 :class:`~pyro_sparsegp.layers.conv.DeepConvGP`) live in :mod:`pyro_sparsegp.layers.conv` and are importable from
 here as well."""
 
@@ -9,34 +9,10 @@ import math
 
 import torch
 
-from .inducing import kmeans
-from .kernels.conv import patches
+from .inducing import init_patches, kmeans
 from .layers.conv import ConvLayer, DeepConvGP
 
 __all__ = ["ConvLayer", "DeepConvGP", "init_patches", "kmeans", "log_likelihood_and_accuracy"]
-
-
-def init_patches(
-    X: torch.Tensor,
-    image_shape,
-    patch_size,
-    M: int,
-    stride=1,
-    channels_as_patches: bool = False,
-    num_images: int = 1000,
-    per_centre: int = 100,
-    seed: int = 0,
-) -> torch.Tensor:
-    """Inducing patches ``[M, d]``: k-means centres of ``M * per_centre`` patches drawn from ``num_images`` random
-    images of ``X`` ``[N, H*W*C]`` (Shi et al. 2020, app. G.2: ``M x 100`` patches from 1K images)."""
-    g = torch.Generator().manual_seed(seed)
-    imgs = X[torch.randperm(X.shape[0], generator=g)[:num_images]]
-    P = patches(imgs, image_shape, patch_size, stride, channels_as_patches)  # [n, P, d]
-    P = P.reshape(-1, P.shape[-1])
-    pool = P[torch.randperm(P.shape[0], generator=g)[: M * per_centre]]
-    # a little jitter keeps identical (e.g. all-zero background) centres apart, so Kuu stays well conditioned
-    C = kmeans(pool, M, generator=g)
-    return C + 1e-3 * torch.randn(C.shape, generator=g, dtype=C.dtype).to(C.device)
 
 
 def log_likelihood_and_accuracy(probs: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:

@@ -6,7 +6,7 @@ Shapes: ``Z`` ``[M, d]`` (one set shared by the outputs) or ``[L, M, d]`` (one s
 per (inducing type, kernel type) (Hensman, Matthews, Ghahramani 2015, eq. 19; van der Wilk et al. 2017, eqs. 12-13).
 """
 
-from .init import kmeans
+from .init import init_patches, kmeans
 from .variables import (
     IndexedInducingPatches,
     InducingPatches,
@@ -24,4 +24,5 @@ __all__ = [
     "InducingSum",
     "as_inducing",
     "kmeans",
+    "init_patches",
 ]

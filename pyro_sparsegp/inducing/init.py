@@ -1,13 +1,15 @@
 """One k-means for every initialiser of inducing inputs: dense inputs (:func:`pyro_sparsegp.deep.init_inducing`, as
 the reference code of Salimbeni & Deisenroth 2017 does with ``scipy.cluster.vq.kmeans2(..., minit="points")``) and
-image patches (:func:`pyro_sparsegp.conv.init_patches`, Shi, Titsias, Mnih 2020, appendix G.2). Plain torch, so the
+image patches (:func:`init_patches`, Shi, Titsias, Mnih 2020, appendix G.2). Plain torch, so the
 main install needs no scipy; k-means itself implements no paper equation."""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["kmeans"]
+from ..kernels.conv import patches
+
+__all__ = ["kmeans", "init_patches"]
 
 
 def kmeans(X: torch.Tensor, k: int, iters: int = 15, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -28,3 +30,26 @@ def kmeans(X: torch.Tensor, k: int, iters: int = 15, generator: torch.Generator 
         counts = torch.bincount(assign, minlength=k).to(X.dtype).unsqueeze(-1)
         C = torch.where(counts > 0, sums / counts.clamp(min=1), C)
     return C
+
+
+def init_patches(
+    X: torch.Tensor,
+    image_shape,
+    patch_size,
+    M: int,
+    stride=1,
+    channels_as_patches: bool = False,
+    num_images: int = 1000,
+    per_centre: int = 100,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Inducing patches ``[M, d]``: k-means centres of ``M * per_centre`` patches drawn from ``num_images`` random
+    images of ``X`` ``[N, H*W*C]`` (Shi et al. 2020, app. G.2: ``M x 100`` patches from 1K images)."""
+    g = torch.Generator().manual_seed(seed)
+    imgs = X[torch.randperm(X.shape[0], generator=g)[:num_images]]
+    P = patches(imgs, image_shape, patch_size, stride, channels_as_patches)  # [n, P, d]
+    P = P.reshape(-1, P.shape[-1])
+    pool = P[torch.randperm(P.shape[0], generator=g)[: M * per_centre]]
+    # a little jitter keeps identical (e.g. all-zero background) centres apart, so Kuu stays well conditioned
+    C = kmeans(pool, M, generator=g)
+    return C + 1e-3 * torch.randn(C.shape, generator=g, dtype=C.dtype).to(C.device)
