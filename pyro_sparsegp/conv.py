@@ -1,7 +1,6 @@
-"""Convolutional GP helpers: the evaluation metrics of the convolutional experiments, and (importable from here)
-the inducing-patch initialisation :func:`~pyro_sparsegp.inducing.init.init_patches`. The layers themselves (:class:`~pyro_sparsegp.layers.conv.ConvLayer`,
-:class:`~pyro_sparsegp.layers.conv.DeepConvGP`) live in :mod:`pyro_sparsegp.layers.conv` and are importable from
-here as well."""
+"""Convolutional GP helpers: the evaluation metrics of the convolutional experiments. Importable from here as well:
+the inducing-patch initialisation :func:`~pyro_sparsegp.inducing.init.init_patches` and the layers
+(:class:`~pyro_sparsegp.layers.conv.ConvLayer`, :class:`~pyro_sparsegp.layers.conv.DeepConvGP`)."""
 
 from __future__ import annotations
 
