@@ -120,6 +120,8 @@ def _apply(svgp, g1, g2, Luu, lr):
     r1, r2 = rho.unsqueeze(-1), rho[..., None, None]
     new1 = (1 - r1) * theta1 + r1 * g1
     new2 = (1 - r2) * theta2 + r2 * (p2 + g2)
+    new1 = torch.where(r1 == 0, theta1, new1)  # a frozen output keeps its q(u) (0 * nan is nan)
+    new2 = torch.where(r2 == 0, theta2, new2)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         # data-parallel: the step is linear in each rank's data term, so averaging the new natural parameters
         # over ranks is the step with the averaged (larger-batch) data term
@@ -410,6 +412,9 @@ def _precision_step(q, lr: float, retraction: bool = False):
     D, info = factor(rho)
     if D.device.type == "cpu" and deferred.active() is None:
         D, rho = _damp(factor, D, info, rho, lr, retraction)
+        frozen = rho == 0  # a frozen output keeps its q: L' = L, and no step for its mean (0 * nan is nan)
+        D = torch.where(frozen[..., None, None], torch.eye(D.shape[-1], dtype=D.dtype, device=D.device), D)
+        g_m = torch.where(frozen[..., None], 0.0, g_m)
     else:  # no host synchronisation: a failed factorisation makes the update NaN, which fit's guard catches
         D = D + torch.where(info > 0, float("nan"), 0.0).to(D.dtype)[..., None, None]
     # L' = L J D^{-T} J, i.e. L'^T = J D^{-1} (J L^T): one triangular solve, no inverse, no product
