@@ -25,8 +25,7 @@ from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, I
 from .kernels_conv import TICK, ConvKernel
 from .kernels_sum import SumKernel
 from .layers import SVGP
-from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
-from .likelihoods_multiclass import RobustMax, Softmax
+from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit, RobustMax, Softmax
 from .linalg import CholeskyJitterWarning
 from .odvgp import ODVGP
 from .solvegp import SOLVEGP

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import inducing as ind
-from ..likelihoods_multiclass import RobustMax
+from ..likelihoods import RobustMax
 from ..linalg import KUU_INVERSE_ADVICE, cholesky, project_chol
 
 __all__ = ["fit_ep", "EPState", "ep_log_evidence", "ep_refine", "ep_surrogate"]
