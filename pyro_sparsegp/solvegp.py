@@ -136,7 +136,7 @@ class SOLVEGP(OrthogonalInputs, SVGP):
         ``ValueError`` for ``PyroSample`` hyperparameters (fix them first: the map depends on their values)."""
         import copy
 
-        from .bounds.solvegp import structured_svgp_params
+        from .structured import structured_svgp_params
 
         if sampled_attributes(self, names=False):
             raise ValueError("to_svgp: the layer has PyroSample hyperparameters; the map depends on their values, so "
