@@ -47,7 +47,7 @@ NO_TENSORS = {
     "pyro_sparsegp.infer.distributed.rank_and_world_size", "pyro_sparsegp.infer.guard.StepGuard.begin",
     "pyro_sparsegp.infer.guard.StepGuard.check", "pyro_sparsegp.infer.guard.StepGuard.is_numerical",
     "pyro_sparsegp.infer.guard.StepGuard.numerical_failure", "pyro_sparsegp.infer.guard.StepGuard.redo",
-    "pyro_sparsegp.infer.steps.TrainingStep.clear", "pyro_sparsegp.infer.natgrad.natgrad_step_for",
+    "pyro_sparsegp.infer.steps.TrainingStep.clear", "pyro_sparsegp.infer.natgrad.closed_forms.natgrad_step_for",
     "pyro_sparsegp.kernels.batched.expected_input_dim", "pyro_sparsegp.linalg.CholeskyJitterWarning",
     "pyro_sparsegp.linalg.default_jitter",
 }

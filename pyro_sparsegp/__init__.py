@@ -23,8 +23,7 @@ from .deep import DeepGP
 from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, InducingSum
 from .kernels import TICK, ConvKernel, SumKernel
 from .layers import ODVGP, SOLVEGP, SVGP
-from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit
-from .likelihoods_multiclass import RobustMax, Softmax
+from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit, RobustMax, Softmax
 from .linalg import CholeskyJitterWarning
 
 __version__ = "0.1.0"

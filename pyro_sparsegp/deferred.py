@@ -15,7 +15,7 @@ the CPU) the checks that guard a training step do not read anything back:
   whole ``X, y`` once before the first step, and a non-finite batch from a ``dataset``/``loader`` gives a non-finite
   loss, which ``fit``'s guard names;
 * torch's distributions skip their argument validation (their arguments are computed by the package);
-* the natural-gradient damping (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`) turns a failed
+* the natural-gradient damping (:func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`) turns a failed
   factorisation into a NaN update, which ``fit``'s guard catches.
 
 ``fit`` reads the flags with the losses, every ``sync_every`` steps. A window with a flag set is **redone**: the

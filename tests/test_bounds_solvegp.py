@@ -487,3 +487,21 @@ def test_solvegp_module_analytic_elbo_uses_the_same_parameterisation(whiten):
         K = dict(Kuu=k(Z), Kuv=k(Z, O), Kvv=k(O), Kuf=k(Z, X), Kvf=k(O, X), kff_diag=k(X, diag=True))
     ref = solvegp_elbo(y, gaussian_elp, **K, m_u=m_u, L_u=L_u, m_v=m_v, L_v=L_v, whiten=whiten)
     assert abs(ours - ref) < 1e-7 * abs(ref)
+
+
+def test_library_structured_svgp_params_is_the_oracle():
+    """The library's section-3.3 map (pyro_sparsegp.variational.structured, used by SOLVEGP.to_svgp) against this
+    oracle's block-by-block formulas, batched and not, for the covariance and for its scale factor."""
+    from pyro_sparsegp.variational.structured import structured_svgp_params as library
+
+    for batch in ((), (2,)):
+        K, _, _ = problem(3)
+        m_u, L_u, m_v, L_v = q_params(3)
+        if batch:
+            m_u, L_u = m_u.expand(batch + m_u.shape), L_u.expand(batch + L_u.shape)
+        for tril in (False, True):
+            ours = library(K["Kuu"], K["Kuv"], m_u, L_u, m_v, L_v, return_scale_tril=tril, **J)
+            oracle = structured_svgp_params(K["Kuu"], K["Kuv"], m_u, L_u, m_v, L_v, return_scale_tril=tril, **J)
+            for a, b in zip(ours, oracle, strict=True):
+                assert a.shape == b.shape
+                close(a, b)

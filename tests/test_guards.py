@@ -1,6 +1,8 @@
 """Guards: no untested likelihood subclass, the augmented observation factor follows Pyro's distribution contract,
 and SOLVE-GP works with Predictive."""
+import importlib
 import inspect
+import pkgutil
 
 import pytest
 import torch
@@ -8,7 +10,7 @@ from pyro.contrib.gp.kernels import RBF
 from pyro.infer import Predictive
 
 import pyro_sparsegp as ps
-from pyro_sparsegp import likelihoods, likelihoods_multiclass
+from pyro_sparsegp import likelihoods
 from pyro_sparsegp.distributions import PolyaGammaAugmentedBernoulli
 
 # every likelihood and the test module that checks its expectations against an independent computation
@@ -18,9 +20,16 @@ TESTED = {
 }
 
 
+def _likelihood_modules():
+    """The package ``pyro_sparsegp.likelihoods`` and every module in it (one per family)."""
+    names = [m.name for m in pkgutil.iter_modules(likelihoods.__path__)]
+    subs = [importlib.import_module(f"{likelihoods.__name__}.{name}") for name in names]
+    return [likelihoods, *subs]
+
+
 def test_no_untested_likelihood():
     found = {
-        name for mod in (likelihoods, likelihoods_multiclass) for name, cls in inspect.getmembers(mod, inspect.isclass)
+        name for mod in _likelihood_modules() for name, cls in inspect.getmembers(mod, inspect.isclass)
         if issubclass(cls, ps.Likelihood) and cls is not ps.Likelihood and not name.startswith("_")
     }
     assert found == set(TESTED)

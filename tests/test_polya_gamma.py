@@ -13,7 +13,7 @@ from scipy import integrate, stats
 from torch.distributions import kl_divergence
 
 from pyro_sparsegp.distributions import PolyaGamma
-from pyro_sparsegp.distributions.polya_gamma import _log_pg0_left, _log_pg0_right
+from pyro_sparsegp.distributions.polya_gamma_series import _log_pg0_left, _log_pg0_right
 
 F64 = torch.float64
 GRID = [(b, c) for b in (1, 2, 5) for c in (0.0, 0.5, 2.0, 10.0, -3.0)]

@@ -15,7 +15,9 @@ so with :math:`q(u) = N(m, S)`, :math:`q(\omega_n) = \mathrm{PG}(1, c_n)` and :m
 :math:`\bar\omega_n = \tanh(c_n/2)/(2c_n)`, :math:`\mathrm{KL}[\mathrm{PG}(1,c)\|\mathrm{PG}(1,0)] = \log\cosh(c/2) -
 c^2\bar\omega/2`. The optimal local parameter is :math:`c_n = \sqrt{\mu_n^2 + \sigma_n^2}` (the poster's update).
 For every :math:`c` the per-point term equals the Jaakkola-Jordan bound on :math:`\mathbb{E}\log\sigma(s_n f_n)`
-(Durante and Rigon 2019), which :func:`jaakkola_jordan_bound` computes independently for the tests.
+(Durante and Rigon 2019), which the library computes independently
+(:func:`pyro_sparsegp.likelihoods.polya_gamma.jaakkola_jordan_bound`, what ``PolyaGammaLogit.expected_log_prob``
+returns); the tests compare the two.
 """
 
 from __future__ import annotations
@@ -25,15 +27,10 @@ import math
 import torch
 
 from ..distributions.polya_gamma import log_cosh_half, pg_mean  # written once, beside the PG distribution
+from ..likelihoods.polya_gamma import optimal_c  # the local update, c = sqrt(E f^2): not what this oracle checks
 from .svgp import gauss_kl, qf_dense
 
-__all__ = ["pg_mean", "log_cosh_half", "pg_bound", "optimal_c", "jaakkola_jordan_bound"]
-
-
-def optimal_c(f_loc: torch.Tensor, f_var: torch.Tensor) -> torch.Tensor:
-    r"""The optimal local parameters :math:`c_n = \sqrt{\mathbb{E}_q[f_n^2]}` (Wenzel et al. 2019, local update).
-    ``f_loc``, ``f_var`` ``[..., N]`` (the marginals of q(f)) -> ``[..., N]``."""
-    return (f_loc.pow(2) + f_var).sqrt()
+__all__ = ["pg_bound"]
 
 
 def _pg_terms(y, f_loc, f_var, c):
@@ -45,7 +42,8 @@ def _pg_terms(y, f_loc, f_var, c):
 
 def pg_bound(y, Kuu, Kuf, kff_diag, m, L, c=None, whiten: bool = False) -> torch.Tensor:
     r"""The augmented bound :math:`\mathcal{L}(c)` of Wenzel et al. (2019) (module docstring) from dense matrices;
-    ``c=None`` uses the optimal :func:`optimal_c`. ``y [..., N]`` in ``{0, 1}``, ``Kuu [..., M, M]``,
+    ``c=None`` uses the optimal
+    :func:`~pyro_sparsegp.likelihoods.polya_gamma.optimal_c`. ``y [..., N]`` in ``{0, 1}``, ``Kuu [..., M, M]``,
     ``Kuf [..., M, N]``, ``kff_diag [..., N]``, ``c [..., N]``; ``(m [..., M], L [..., M, M])`` parameterise ``q(u)``
     (``q(v)``, ``u = Luu v``, if ``whiten``). Returns ``[...]``."""
     if whiten:
@@ -58,13 +56,3 @@ def pg_bound(y, Kuu, Kuf, kff_diag, m, L, c=None, whiten: bool = False) -> torch
     if c is None:
         c = optimal_c(mu, var)
     return _pg_terms(y, mu, var, c).sum(-1) - kl
-
-
-def jaakkola_jordan_bound(y, f_loc, f_var, xi) -> torch.Tensor:
-    r"""Jaakkola and Jordan (2000): :math:`\log\sigma(x) \ge \log\sigma(\xi) + (x - \xi)/2 - \lambda(\xi)(x^2-\xi^2)`,
-    :math:`\lambda(\xi) = \tanh(\xi/2)/(4\xi)`, in expectation under :math:`x = s f`, :math:`f \sim N(\mu, \sigma^2)`.
-    Written from the logistic function directly (no Pólya-Gamma quantities), per point: ``y``, ``f_loc``,
-    ``f_var``, ``xi`` broadcast to ``[..., N]`` -> ``[..., N]``."""
-    s = 2 * y - 1
-    lam = torch.tanh(xi / 2) / (4 * xi)
-    return torch.nn.functional.logsigmoid(xi) + (s * f_loc - xi) / 2 - lam * (f_loc.pow(2) + f_var - xi.pow(2))

@@ -54,6 +54,7 @@ import torch
 
 from ..conditionals import clamp_var
 from ..linalg import cholesky, solve_lower
+from .solvegp_cost import count_cubic_operations, cubic_cost
 
 __all__ = [
     "prior_factors",
@@ -369,7 +370,8 @@ def solvegp_tight_bound(y, noise_var, Kuu, Kuf, Kff, jitter=None):
 # -- section 3.3: the structured-covariance view -------------------------------------------------------------------
 def structured_svgp_params(Kuu, Kuv, m_u, L_u, m_v, L_v, return_scale_tril=False, jitter=None):
     r"""Section 3.3 ("Structured Covariance"): the Gaussian :math:`q(u, v) = N(m_{u,v}, S_{u,v})` over the union
-    ``{Z, O}`` induced by :math:`q(u)q(v_\perp)` through :math:`v = v_\perp + K_{vu}K_{uu}^{-1}u`:
+    ``{Z, O}`` induced by :math:`q(u)q(v_\perp)` through :math:`v = v_\perp + K_{vu}K_{uu}^{-1}u`, written block by
+    block as the paper prints it:
 
     .. math:: m_{u,v} = \begin{bmatrix} m_u \\ m_v + K_{vu}K_{uu}^{-1}m_u \end{bmatrix},\qquad
               S_{u,v} = \begin{bmatrix} S_u & S_uK_{uu}^{-1}K_{uv} \\
@@ -377,86 +379,21 @@ def structured_svgp_params(Kuu, Kuv, m_u, L_u, m_v, L_v, return_scale_tril=False
 
     SVGP over ``{Z, O}`` with this ``q(u, v)`` has the same ``q(f)`` and the same KL as SOLVE-GP (so the same eq. 8).
     ODVGP's :math:`S'_{u,v}` (section 5) is the case :math:`S_v = C_{vv}`. Parameters are un-whitened (see
-    :func:`unwhiten_params`). This dense ``(M + M2)``-square view is for analysis and tests, not for training.
-
-    :param return_scale_tril: return the lower Cholesky factor
-        :math:`\begin{bmatrix} L_u & 0\\ K_{vu}K_{uu}^{-1}L_u & L_v\end{bmatrix}` of :math:`S_{u,v}` instead of
-        :math:`S_{u,v}` (lower-triangular because the map :math:`(u, v_\perp) \mapsto (u, v)` is).
+    :func:`unwhiten_params`). The oracle of :func:`pyro_sparsegp.variational.structured.structured_svgp_params`.
+    ``return_scale_tril``: the factor :math:`[[L_u, 0], [K_{vu}K_{uu}^{-1}L_u, L_v]]` of :math:`S_{u,v}` instead.
     :returns: ``(m_uv [..., M + M2], S_uv or L_uv [..., M + M2, M + M2])``.
     """
     Luu = cholesky(Kuu, jitter)
     P = solve_lower(Luu, solve_lower(Luu, Kuv), transpose=True).mT  # [..., M2, M]   Kvu Kuu^{-1}
-    M, M2 = L_u.shape[-1], L_v.shape[-1]
-    mv = m_v + _matvec(P, m_u)  # [..., M2]
+    mv = m_v + (P @ m_u.unsqueeze(-1)).squeeze(-1)  # [..., M2]
     mb = torch.broadcast_shapes(m_u.shape[:-1], mv.shape[:-1])
-    m_uv = torch.cat([m_u.expand(mb + (M,)), mv.expand(mb + (M2,))], -1)  # [..., M + M2]
-    PL = P @ L_u  # [..., M2, M]
-    batch = torch.broadcast_shapes(L_u.shape[:-2], L_v.shape[:-2], PL.shape[:-2])
-    zeros = torch.zeros(batch + (M, M2), dtype=L_u.dtype, device=L_u.device)
-    L_uv = torch.cat(
-        [
-            torch.cat([L_u.expand(batch + (M, M)), zeros], -1),
-            torch.cat([PL.expand(batch + (M2, M)), L_v.expand(batch + (M2, M2))], -1),
-        ],
-        -2,
-    )  # [..., M + M2, M + M2]
+    m_uv = torch.cat([m_u.expand(mb + m_u.shape[-1:]), mv.expand(mb + mv.shape[-1:])], -1)  # [..., M + M2]
     if return_scale_tril:
-        return m_uv, L_uv
-    return m_uv, L_uv @ L_uv.mT
-
-
-# -- appendix D.3, table 4 ------------------------------------------------------------------------------------------
-_TABLE4 = {
-    "svgp": {
-        "matmul": {"N M^2": 1},
-        "cholesky": {"M^3": 1},
-        "trisolve": {"M^3": 1, "N M^2": 2},
-    },
-    "solvegp": {
-        "matmul": {"N M^2": 1, "N M2^2": 1, "N M M2": 1, "M M2^2": 1},
-        "cholesky": {"M^3": 1, "M2^3": 1},
-        "trisolve": {"M^3": 1, "M2^3": 1, "N M^2": 2, "N M2^2": 2, "M^2 M2": 1},
-    },
-}
-
-_SIZES = {
-    "N M^2": lambda N, M, M2: N * M * M,
-    "N M2^2": lambda N, M, M2: N * M2 * M2,
-    "N M M2": lambda N, M, M2: N * M * M2,
-    "M M2^2": lambda N, M, M2: M * M2 * M2,
-    "M^2 M2": lambda N, M, M2: M * M * M2,
-    "M^3": lambda N, M, M2: M**3,
-    "M2^3": lambda N, M, M2: M2**3,
-}
-
-
-def count_cubic_operations(M: int, M2: int, method: str) -> dict:
-    """Cubic-cost operations of one evaluation of the bound (algorithm 1, un-whitened), table 4 of appendix D.3:
-    ``{op: {cost: count}}`` for ``op`` in ``matmul``, ``cholesky``, ``trisolve`` (triangular solves), ``cost`` a
-    monomial in ``N`` (the batch size), ``M`` and ``M2`` (the orthogonal inducing points), e.g. ``"N M^2"``.
-
-    ``method="svgp"`` (``M`` inducing points; ``M2`` is ignored) totals 1 matmul, 1 Cholesky and 3 trisolves;
-    ``"solvegp"`` totals 4, 2 and 7 (appendix D.3: "we only need to solve 7 triangular matrix equations"). SOLVE-GP
-    with ``M2 = 0`` has the SVGP table (the terms in ``M2`` vanish). Counted per forward evaluation; the algorithm-1
-    steps they come from are marked in this module's comments. Sizes are plain integers (no tensor shapes); the
-    ``N``-dependent costs are per minibatch of ``N`` points.
-    """
-    if method not in _TABLE4:
-        raise ValueError(f"method must be 'svgp' or 'solvegp', got {method!r}")
-    if int(M) != M or M < 1 or int(M2) != M2 or M2 < 0:
-        raise ValueError(f"need integers M >= 1 and M2 >= 0, got M={M!r}, M2={M2!r}")
-    table = _TABLE4[method]
-    if method == "solvegp" and M2 == 0:
-        return {op: {c: n for c, n in costs.items() if "M2" not in c} for op, costs in table.items()}
-    return {op: dict(costs) for op, costs in table.items()}
-
-
-def cubic_cost(M: int, M2: int, method: str, N: int) -> dict:
-    """Table 4 of appendix D.3 (Shi, Titsias, Mnih 2020) evaluated at integer sizes ``M``, ``M2`` and ``N`` (no tensor
-    shapes): ``{op: sum of count * cost}`` (multiply-adds up to each operation's constant).
-
-    Divided by ``M**3`` it gives the bars of figure 4, e.g. at ``N = M = M2`` SVGP costs 1/1/3 (matmul/Cholesky/
-    trisolve) and SOLVE-GP 4/2/7, and at ``N = 0`` (``M >> N``) SOLVE-GP costs 1/2/3."""
-    table = count_cubic_operations(M, M2, method)
-    M2 = M2 if method == "solvegp" else 0
-    return {op: sum(n * _SIZES[c](N, M, M2) for c, n in costs.items()) for op, costs in table.items()}
+        blocks = [[L_u, torch.zeros(L_u.shape[:-1] + L_v.shape[-1:], dtype=L_u.dtype, device=L_u.device)],
+                  [P @ L_u, L_v]]
+    else:
+        S_u, S_v = L_u @ L_u.mT, L_v @ L_v.mT  # [..., M, M], [..., M2, M2]
+        blocks = [[S_u, S_u @ P.mT], [P @ S_u, S_v + P @ S_u @ P.mT]]
+    batch = torch.broadcast_shapes(*(b.shape[:-2] for row in blocks for b in row))
+    rows = [torch.cat([b.expand(batch + b.shape[-2:]) for b in row], -1) for row in blocks]
+    return m_uv, torch.cat(rows, -2)  # [..., M + M2, M + M2]

@@ -5,6 +5,8 @@ import torch
 from pyro.distributions import Normal as PyroNormal
 from torch.distributions import Independent, MultivariateNormal, Normal, register_kl
 
+from .polya_gamma import PolyaGamma, log_cosh_half
+
 
 @register_kl(MultivariateNormal, Independent)
 def _kl_mvn_diag_normal(q, p):
@@ -46,32 +48,27 @@ def _kl_conditional_normal(q, p):
 __all__ = ["ConditionalNormal"]
 
 
-def _register_polya_gamma():
-    from .polya_gamma import PolyaGamma, log_cosh_half
+@register_kl(PolyaGamma, PolyaGamma)
+def _kl_polya_gamma(q, p):
+    r"""Closed-form :math:`\mathrm{KL}[\mathrm{PG}(b, c_q) \| \mathrm{PG}(b, c_p)]`, shape
+    ``broadcast(q.batch_shape, p.batch_shape)``.
 
-    @register_kl(PolyaGamma, PolyaGamma)
-    def _kl_polya_gamma(q, p):
-        r"""Closed-form :math:`\mathrm{KL}[\mathrm{PG}(b, c_q) \| \mathrm{PG}(b, c_p)]`, shape
-        ``broadcast(q.batch_shape, p.batch_shape)``.
+    Both densities are exponential tilts of the same :math:`\mathrm{PG}(b, 0)` density,
+    :math:`p(x | b, c) = \cosh^b(c/2)\, e^{-c^2 x/2}\, p(x | b, 0)`, so
+    :math:`\log q(x)/p(x) = b\log\cosh(c_q/2) - b\log\cosh(c_p/2) - (c_q^2 - c_p^2)\,x/2` and
 
-        Both densities are exponential tilts of the same :math:`\mathrm{PG}(b, 0)` density,
-        :math:`p(x | b, c) = \cosh^b(c/2)\, e^{-c^2 x/2}\, p(x | b, 0)`, so
-        :math:`\log q(x)/p(x) = b\log\cosh(c_q/2) - b\log\cosh(c_p/2) - (c_q^2 - c_p^2)\,x/2` and
+    .. math:: \mathrm{KL} = b\log\cosh\frac{c_q}{2} - b\log\cosh\frac{c_p}{2}
+        - \frac{c_q^2 - c_p^2}{2}\,\mathbb{E}_q[x], \qquad \mathbb{E}_q[x] = \frac{b}{2c_q}\tanh\frac{c_q}{2};
 
-        .. math:: \mathrm{KL} = b\log\cosh\frac{c_q}{2} - b\log\cosh\frac{c_p}{2}
-            - \frac{c_q^2 - c_p^2}{2}\,\mathbb{E}_q[x], \qquad \mathbb{E}_q[x] = \frac{b}{2c_q}\tanh\frac{c_q}{2};
+    with :math:`c_p = 0` this is the Pólya-Gamma KL term of Wenzel et al. (2019, "Efficient Gaussian process
+    classification using Pólya-Gamma data augmentation", AAAI). ``log cosh`` is evaluated stably as
+    :math:`|z| + \log(1 + e^{-2|z|}) - \log 2`.
 
-        with :math:`c_p = 0` this is the Pólya-Gamma KL term of Wenzel et al. (2019, "Efficient Gaussian process
-        classification using Pólya-Gamma data augmentation", AAAI). ``log cosh`` is evaluated stably as
-        :math:`|z| + \log(1 + e^{-2|z|}) - \log 2`.
+    :raises NotImplementedError: if ``q.b`` and ``p.b`` differ (no closed form then).
+    """
+    b_q, b_p = torch.broadcast_tensors(q.b, p.b)
+    if not torch.equal(b_q, b_p):
+        raise NotImplementedError("KL between Polya-Gamma distributions with different b has no closed form")
+    kl = b_q * (log_cosh_half(q.c) - log_cosh_half(p.c)) - 0.5 * (q.c.pow(2) - p.c.pow(2)) * q.mean
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
 
-        :raises NotImplementedError: if ``q.b`` and ``p.b`` differ (no closed form then).
-        """
-        b_q, b_p = torch.broadcast_tensors(q.b, p.b)
-        if not torch.equal(b_q, b_p):
-            raise NotImplementedError("KL between Polya-Gamma distributions with different b has no closed form")
-        kl = b_q * (log_cosh_half(q.c) - log_cosh_half(p.c)) - 0.5 * (q.c.pow(2) - p.c.pow(2)) * q.mean
-        return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
-
-
-_register_polya_gamma()

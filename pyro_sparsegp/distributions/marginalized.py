@@ -42,7 +42,7 @@ class MarginalizedLikelihood(TorchDistribution):
         batch_shape = torch.Size(batch_shape)
         if self.likelihood.latent_dim == 1:
             f_shape = batch_shape
-        else:  # the classes' dimension of f stands where y keeps a singleton (see likelihoods_multiclass)
+        else:  # the classes' dimension of f stands where y keeps a singleton (see likelihoods.multiclass)
             f_shape = batch_shape[:-2] + self.f_loc.shape[-2:-1] + batch_shape[-1:]
         new = self._get_checked_instance(MarginalizedLikelihood, _instance)
         new.likelihood = self.likelihood

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .natgrad import _set_constrained
+from .natgrad.from_grads import _set_constrained
 
 __all__ = ["IterateAverage"]
 

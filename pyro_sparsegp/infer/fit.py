@@ -243,71 +243,24 @@ def fit(
     natgrad_layers: str = "auto",
     average: float | None = None,
 ) -> FitState:
-    """Train ``module`` by maximising its ELBO.
+    """Train ``module`` by maximising its ELBO; returns a :class:`FitState` (the per-step losses, negative ELBO
+    estimates). The arguments in brief (each in full, with the policies and measurements behind the defaults, in
+    ``docs/fitting.md``, "Fitting: the arguments of fit"):
 
-    :param module: e.g. :class:`~pyro_sparsegp.SVGP`, :class:`~pyro_sparsegp.SOLVEGP`, or any PyroModule with
-        ``model``/``guide`` taking ``(X, y, num_data=N)``.
-    :param X: inputs ``[N, D]`` (tensor, numpy array or list), with targets ``y`` ``[N, ...]``; moved once to the
-        module's device (floating data to its dtype) and indexed per step. Or pass ``dataset`` or ``loader``.
-    :param dataset: an object with ``len(dataset) = N`` whose ``dataset[idx]`` returns ``(X[idx], y[idx])`` for an
-        index tensor ``idx [B]`` (e.g. :class:`~pyro_sparsegp.data_stream.MemmapDataset`; a ``TensorDataset`` works
-        too): batches are read by index, so the data never has to fit in memory.
-    :param loader: any DataLoader of ``(X, y)`` batches, with ``num_data`` the size of the whole data set.
-    :param int num_steps: total number of optimisation steps (a resumed run continues up to this number).
-    :param int batch_size: minibatch size for ``X, y`` or ``dataset`` (a positive integer).
-    :param float lr: Adam learning rate (> 0).
-    :param float natgrad_lr: ``"auto"`` (default), for a module trained on its closed-form bound: ``0.1`` with a
-        :class:`~pyro_sparsegp.Gaussian` or :class:`~pyro_sparsegp.PolyaGammaLogit` likelihood (the plain step is
-        exact there), ``0.1`` with the positive-definite step and a 5-step warm-up for Bernoulli, robust-max and
-        softmax (measured on digits; :mod:`~pyro_sparsegp.infer.natgrad_options` has the policy and the figures);
-        ``None`` (Adam on everything) with a Pyro ELBO passed as ``elbo``. A number in ``(0, 1]``: every
-        full-covariance Gaussian variational family (q(u); SOLVE-GP's q(v⊥), whose means move jointly under
-        ``elbo="analytic"``) takes natural-gradient steps of this length from the same backward pass
-        (:class:`~pyro_sparsegp.infer.NaturalGradient`; Hensman et al. 2013 section 3.2), a learnable Gaussian
-        noise a Fisher-scoring step (:func:`~pyro_sparsegp.infer.natgrad.noise_step_from_grads_`), and Adam the rest.
-        ``None`` trains q(u) with Adam like every other parameter; ``"auto"`` differs from ``None`` a lot.
-    :param elbo: ``"analytic"`` (the closed-form bound ``module.analytic_elbo``: no sampling at all; the default for
-        modules that have it and a likelihood) or a Pyro ELBO (default for other modules: ``TraceMeanField_ELBO()``).
-        The closed form integrates ``f`` exactly (in closed form or by Gauss-Hermite quadrature), so a module's
-        ``integrate_f`` flag, which chooses between sampling ``f`` and integrating it in ``model``/``guide``, changes
-        nothing here; it matters when you pass a Pyro ELBO (or train the model/guide with ``SVI`` yourself).
-    :param bool progress: show progress on ``stderr`` (rank 0 only): a bar on a terminal (or a notebook with
-        ``ipywidgets``), else (a redirected log, CI) a plain line every 5 % of the steps or every 30 s with the
-        step, the running ELBO estimate and the steps per second (:mod:`pyro_sparsegp.infer.progress`). Warnings
-        raised during the run are written above the bar, never inside it.
-    :param int seed: seeds the minibatch order (and Pyro's RNG at the start of a fresh run).
-    :param checkpoint: path written every ``checkpoint_every`` steps and at the end (its folder must exist).
-    :param resume: path of a checkpoint to continue from (same module, batch size, data size and seed).
-    :param callback: ``callback(step, loss)`` after every step, once its loss is read back (with ``sync_every = k``
-        it is called for the ``k`` steps of a window at the window's end, when the module is at the last of them).
-    :param int sync_every: how often the loss is read back from the device to check it and show progress (default
-        1 on the CPU, where it costs nothing, 20 on a GPU, where each read waits for the device). A numerical failure
-        inside a window restores the parameters copied at the start of the window (or of the previous one if the
-        first step failed). On every device but the CPU nothing else is read back: the steps' own checks are
-        deferred to these reads (:mod:`pyro_sparsegp.deferred`), and a window in which a Cholesky factorisation
-        failed (or a kernel's product form was inexact) is redone from its start with ten times the jitter (or the
-        exact differences), with a :class:`~pyro_sparsegp.linalg.CholeskyJitterWarning` for the jitter.
-    :param natgrad_warmup: steps of a log-linear warm-up of the natural step length from ``1e-4`` to
-        ``natgrad_lr`` (Salimbeni, Eleftheriadis, Hensman 2018; :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup`;
-        the schedule counts from step 0, so a resumed run continues it). ``"auto"`` (default): 5 (the paper's)
-        where ``"auto"`` turned natural gradients on for a non-conjugate likelihood, else 0.
-    :param natgrad_retraction: ``True``: every family takes the positive-definite precision step of Lin, Schmidt,
-        Khan (2020) (:func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`; never damped); ``False``: the plain
-        step (damped by halving where it would leave the positive-definite cone). ``"auto"`` (default): the
-        positive-definite step for a non-conjugate likelihood and for families off the likelihood's layer (a deep
-        GP's hidden layers), the plain one for a Gaussian likelihood's own layer (exact there).
-    :param str natgrad_layers: ``"all"``: every full-covariance family of the module takes natural steps (every
-        layer of a deep GP); ``"last"`` or ``"auto"`` (default): the module's own choice
-        (:func:`~pyro_sparsegp.infer.natgrad.natgrad_families`: a DeepGP's last layer).
-    :param average: ``None`` (default) or a fraction ``a`` in ``(0, 1]``: keep the Polyak-Ruppert average of the
-        families' natural parameters and of a learnable Gaussian noise over the last ``ceil(a * num_steps)`` steps
-        and write it into the module at the end (:class:`~pyro_sparsegp.infer.averaging.IterateAverage`), so that
-        the final model is the centre of the noisy plateau rather than its last iterate (families are averaged
-        whether natural gradients or Adam train them; the kernel hyperparameters are not). A resumed run averages
-        the steps it takes itself.
-    :returns: :class:`FitState` with the per-step losses (negative ELBO estimates).
-    :raises NonFiniteLossError: on a numerical failure (non-finite loss or gradient, or an error from non-finite
-        parameters), after restoring the last good parameters that were kept; it names the step.
+    * ``module``: an SVGP, SOLVEGP, DeepGP or any PyroModule whose ``model``/``guide`` take ``(X, y, num_data=N)``;
+    * data: ``X [N, D]`` with ``y [N, ...]`` (tensors, numpy arrays, lists; moved once to the module's device and
+      dtype), or ``dataset`` (``dataset[idx]`` gives ``(X[idx], y[idx])`` for ``idx [B]``), or ``loader`` (any
+      DataLoader of ``(X, y)`` batches, with ``num_data`` = ``N``);
+    * ``num_steps``, ``batch_size``, ``lr`` (Adam), ``seed``, ``progress`` (on ``stderr``), ``callback(step,
+      loss)``, ``sync_every`` (how often the loss is read back: 1 on the CPU, 20 on a GPU);
+    * ``elbo``: ``"analytic"`` (``module.analytic_elbo``, the default where it exists) or a Pyro ELBO;
+    * ``natgrad_lr`` (``"auto"``, ``None`` for Adam, or a step length in ``(0, 1]``), ``natgrad_warmup``,
+      ``natgrad_retraction``, ``natgrad_layers``: natural-gradient steps on the Gaussian variational families
+      (:mod:`~pyro_sparsegp.infer.natgrad_options` has the ``"auto"`` policy);
+    * ``average``: the Polyak-Ruppert average over the last fraction ``average`` of the steps;
+    * ``checkpoint``, ``checkpoint_every``, ``resume``: checkpoints from which a run resumes identically.
+
+    :raises NonFiniteLossError: on a numerical failure, after restoring the last good parameters; it names the step.
     """
     a = _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_size, lr, natgrad_lr, elbo, seed,
                          checkpoint, checkpoint_every, resume, sync_every,
@@ -320,12 +273,7 @@ def fit(
         _create_lazy_parameters(module, *source.first(), a.num_data)
     trainer = TrainingStep(module, a.elbo, a.num_data, a.lr, a.natgrad_lr, world, plan=a.plan)
     run_key = {"batch_size": a.batch_size, "num_data": a.num_data, "seed": a.seed, "world_size": world}
-    state = FitState()
-    if resume is not None:
-        expect = run_key if loader is None else None  # a loader's batches cannot be checked
-        state = load_checkpoint(os.fspath(resume), module, trainer.optimizer, expect=expect)
-    else:
-        pyro.set_rng_seed(a.seed + rank)
+    state = _initial_state(module, trainer, resume, run_key if loader is None else None, a.seed + rank)
     if world > 1:  # every rank starts from rank 0's parameters
         broadcast_parameters(module)
     checks = deferred_checks_for(module, a.device, a.y, on_cpu=_DEFER_ON_CPU)  # no host reads inside a step
@@ -335,26 +283,41 @@ def fit(
     guard = StepGuard(module, trainer.optimizer, state, checks, sync_every=a.sync_every, num_steps=a.num_steps,
                       world_size=world, dtype=a.dtype, device=a.device, report=_RunningElbo(bar) if show else None,
                       plan=a.plan)
-    step = called = state.step
     try:
-        while step < a.num_steps:
-            try:
-                guard.begin(step)
-                _guarded_step(step, source, trainer, guard)
-                step = state.step = step + 1
-                while callback is not None and called < len(state.losses):  # the steps whose losses are read back
-                    called += 1
-                    callback(called, state.losses[called - 1])
-                if checkpoint and a.checkpoint_every and step % a.checkpoint_every == 0 and rank == 0:
-                    guard.check()
-                    save_checkpoint(checkpoint, module, trainer.optimizer, state, run_key)
-            except _Redo as redo:  # a deferred check failed in the window: redo it from its start, with the remedy
-                step = state.step = guard.redo(redo)
-                source.restart(step)
-        guard.check()
+        _loop(module, a, source, trainer, guard, state, callback, checkpoint, run_key, rank)
     finally:
         bar.close()
     a.plan.finish()  # the iterate average (``average``) into the module
     if checkpoint and rank == 0:
         save_checkpoint(checkpoint, module, trainer.optimizer, state, run_key)
     return state
+
+
+def _initial_state(module, trainer, resume, expect, seed):
+    """A fresh :class:`FitState` (seeding Pyro's RNG with ``seed``), or the one of the checkpoint ``resume``
+    (checked against the run's ``expect``, ``None`` for a loader, whose batches cannot be checked)."""
+    if resume is not None:
+        return load_checkpoint(os.fspath(resume), module, trainer.optimizer, expect=expect)
+    pyro.set_rng_seed(seed)
+    return FitState()
+
+
+def _loop(module, a, source, trainer, guard, state, callback, checkpoint, run_key, rank):
+    """:func:`fit`'s steps from ``state.step`` to ``a.num_steps``: guarded steps, the callback on the steps whose
+    losses are read back, checkpoints, and a window redone from its start when a deferred check fails."""
+    step = called = state.step
+    while step < a.num_steps:
+        try:
+            guard.begin(step)
+            _guarded_step(step, source, trainer, guard)
+            step = state.step = step + 1
+            while callback is not None and called < len(state.losses):  # the steps whose losses are read back
+                called += 1
+                callback(called, state.losses[called - 1])
+            if checkpoint and a.checkpoint_every and step % a.checkpoint_every == 0 and rank == 0:
+                guard.check()
+                save_checkpoint(checkpoint, module, trainer.optimizer, state, run_key)
+        except _Redo as redo:  # a deferred check failed in the window: redo it from its start, with the remedy
+            step = state.step = guard.redo(redo)
+            source.restart(step)
+    guard.check()

@@ -61,7 +61,7 @@ import torch
 
 from ..linalg import cholesky
 from ..mean_functions import Zero
-from .ep import _aggregate, _check_module, _fitc_stats, _gauss, _log_norm, _proj, _write_q
+from .ep_sites import _aggregate, _check_module, _fitc_stats, _gauss, _log_norm, _proj, _write_q
 
 __all__ = ["fit_gfitc", "GFITCState", "GFITCConvergenceWarning", "gfitc_log_evidence", "gfitc_marginals",
            "gfitc_refine", "gfitc_surrogate"]

@@ -1,7 +1,7 @@
 r"""``fit``'s natural-gradient options, resolved in one place: the step length (``natgrad_lr``, ``"auto"`` per
 likelihood and layer type), its warm-up (:mod:`~pyro_sparsegp.infer.schedules`), the positive-definite step
-(``retraction``, Lin, Schmidt, Khan 2020; :func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`), which layers'
-families take natural steps, and the iterate average at the end (:mod:`~pyro_sparsegp.infer.averaging`).
+(``retraction``, Lin, Schmidt, Khan 2020; :func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`),
+which layers' families take natural steps, and the iterate average at the end (:mod:`~pyro_sparsegp.infer.averaging`).
 
 The ``"auto"`` policy (measured by ``benchmarks/natgrad_nonconjugate.py``; see :func:`resolve_natgrad`):
 
@@ -93,7 +93,7 @@ class NatGradPlan:
 
     def families(self) -> list:
         """The families that take natural steps: ``natgrad_layers="all"`` every full-covariance ``GaussianQ``, else
-        the module's own choice (:func:`~pyro_sparsegp.infer.natgrad.natgrad_families`; a DeepGP's last layer).
+        the module's own choice (:func:`~pyro_sparsegp.infer.natgrad.families.natgrad_families`; a DeepGP's last layer).
         Returns a list of modules (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``)."""
         if self.layers == "all":
             return all_layer_families(self.module)

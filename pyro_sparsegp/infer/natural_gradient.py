@@ -8,17 +8,19 @@ gradients in practice", for any ``SVI`` program::
 unconstrained parameters of the trace. Each full-covariance :class:`~pyro_sparsegp.variational.GaussianQ` alive in
 the process (SVGP's ``q_u``, SOLVE-GP's ``q_u`` and ``q_v``, every DeepGP layer's ``q_u``; found through a registry
 of weak references, :func:`~pyro_sparsegp.variational.live_gaussian_families`) whose ``u_loc`` and ``u_scale_tril``
-arrive with gradients takes the step of :func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_` (Hensman, Fusi,
-Lawrence 2013, section 3.2, from the backward pass SVI already made: no second forward pass); the rest (kernel
+arrive with gradients takes the step of
+:func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_` (Hensman, Fusi, Lawrence 2013, section 3.2,
+from the backward pass SVI already made: no second forward pass); the rest (kernel
 hyperparameters, inducing inputs, autoguide parameters created at the first step, user ``PyroParam`` s) goes to the
 wrapped optimiser. A family is recognised by the identity of its unconstrained tensors, which is what SVI hands over
 both with Pyro's global parameter store and with ``pyro.settings.set(module_local_params=True)``.
 
 SOLVE-GP's pair takes the factors' separate steps, as ``fit`` does with a Pyro ELBO: the joint mean step
-(:func:`~pyro_sparsegp.infer.natgrad.solvegp_joint_natgrad_from_grads_`) needs a probe set before the forward pass,
-which an optimiser called after the backward pass cannot set. A learnable :class:`~pyro_sparsegp.Gaussian` noise goes
+(:func:`~pyro_sparsegp.infer.natgrad.joint.solvegp_joint_natgrad_from_grads_`) needs a probe set before the
+forward pass, which an optimiser called after the backward pass cannot set. A learnable
+:class:`~pyro_sparsegp.Gaussian` noise goes
 to the wrapped optimiser, or, given ``num_obs`` (the number of observations, which SVI does not pass), takes ``fit``'s
-Fisher-scoring step (:func:`~pyro_sparsegp.infer.natgrad.noise_step_from_grads_`).
+Fisher-scoring step (:func:`~pyro_sparsegp.infer.natgrad.from_grads.noise_step_from_grads_`).
 """
 
 from __future__ import annotations
@@ -102,8 +104,9 @@ class NaturalGradient(PyroOptim):
         ``0`` (default): none.
     :param float warmup_start: the first step length of the warm-up (default ``1e-4``, the paper's).
     :param retraction: ``True``: the positive-definite precision step of Lin, Schmidt, Khan (2020) (see
-        :func:`~pyro_sparsegp.infer.natgrad.natgrad_from_grads_`): never damped, for non-conjugate likelihoods and
-        Monte Carlo ELBOs; ``False`` (default): the plain step (exact at length 1 for a Gaussian likelihood); or a
+        :func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`): never damped, for non-conjugate
+        likelihoods and Monte Carlo ELBOs; ``False`` (default): the plain step (exact at length 1 for a Gaussian
+        likelihood); or a
         function ``family -> bool`` choosing per family (``fit`` passes its plan's).
     :param int average_from: from this step on (counting calls from 0), keep the Polyak-Ruppert average of the
         stepped families' natural parameters and of the stepped noises

@@ -25,7 +25,8 @@ def structured_svgp_params(Kuu, Kuv, m_u, L_u, m_v, L_v, return_scale_tril=False
 
     SVGP over ``{Z, O}`` with this ``q(u, v)`` has the same ``q(f)`` and the same KL as SOLVE-GP (so the same eq. 8).
     ODVGP's :math:`S'_{u,v}` (section 5) is the case :math:`S_v = C_{vv}`. Parameters are un-whitened (see
-    :func:`unwhiten_params`). This dense ``(M + M2)``-square view is for analysis and tests, not for training.
+    :func:`~pyro_sparsegp.bounds.solvegp.unwhiten_params`). This dense ``(M + M2)``-square view is for analysis and
+    tests, not for training.
 
     :param return_scale_tril: return the lower Cholesky factor
         :math:`\begin{bmatrix} L_u & 0\\ K_{vu}K_{uu}^{-1}L_u & L_v\end{bmatrix}` of :math:`S_{u,v}` instead of

@@ -87,6 +87,7 @@ Zimg = X[:4].clone()
            "write_npy('train.npy', torch.randn(2000, 4), torch.randn(2000))\n",
     },
     "docs/equations.md": {},
+    "docs/fitting.md": {},
     "docs/tutorials.md": {},
     "docs/index.md": {},
     "docs/saving.md": {},

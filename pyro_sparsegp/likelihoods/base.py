@@ -1,12 +1,6 @@
-r"""Likelihoods: the distribution of ``y`` given latent ``f``, the expected log-likelihood under
-:math:`q(f_n) = N(\mu_n, \sigma^2_n)`, and the predictive distribution.
-
-One generic method, closed forms as overrides: :meth:`Likelihood.expected_log_prob` integrates by Gauss-Hermite
-quadrature with ``num_gh`` nodes (Hensman, Matthews, Ghahramani 2015, section 4); :class:`Gaussian` overrides it
-analytically. ``Likelihood.quadrature_expected_log_prob`` is always the generic quadrature, so tests can compare an
-override with it.
-
-Binary labels are ``{0, 1}`` everywhere in the package.
+r"""The likelihood base class: the distribution of ``y`` given latent ``f``, the expected log-likelihood under
+:math:`q(f_n) = N(\mu_n, \sigma^2_n)` by Gauss-Hermite quadrature (Hensman, Matthews, Ghahramani 2015, section 4),
+and the predictive distribution; the finite check on observations; the registry of live Gaussian likelihoods.
 
 Shapes: element-wise likelihoods take ``f`` ``[..., B]`` and give ``y`` ``[..., B]``.
 """
@@ -20,14 +14,14 @@ import weakref
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn import PyroModule, PyroParam
+from pyro.nn import PyroModule
 from torch.distributions import constraints
 
-from . import deferred
-from .composition import seed_context
-from .linalg import gauss_hermite
+from .. import deferred
+from ..composition import seed_context
+from ..linalg import gauss_hermite
 
-__all__ = ["Likelihood", "Gaussian", "Bernoulli", "PolyaGammaLogit"]
+__all__ = ["Likelihood", "live_gaussian_likelihoods"]
 
 _LIVE_GAUSSIAN = weakref.WeakSet()  # every Gaussian likelihood alive: NaturalGradient's noise step finds them here
 
@@ -148,120 +142,3 @@ class Likelihood(PyroModule):
         """:math:`\\log \\int p(y|f) N(f; f_{loc}, f_{var}) df` (test log-likelihood), with :math:`q(f)` the
         marginal of Hensman et al. 2015, eq. 19; ``y``, ``f_loc``, ``f_var`` ``[..., B]``, returns ``[..., B]``."""
         return self.predictive(f_loc, f_var).log_prob(y)
-
-
-class Gaussian(Likelihood):
-    r""":math:`y = f + \epsilon`, :math:`\epsilon \sim N(0, \sigma^2)` with learnable ``noise`` :math:`\sigma^2`.
-
-    Expected log-likelihood (Hensman, Fusi, Lawrence 2013, eq. 4):
-    :math:`\log N(y; \mu, \sigma^2) - v / (2\sigma^2)`. ``f``, ``y`` and the marginals ``[..., B]``; ``noise``
-    is a scalar ``()``. The predictive is :math:`N(y_*; \mu, v + \sigma^2)` with batch shape ``[..., B]``.
-    """
-
-    def __init__(self, noise: float | torch.Tensor = 1.0, num_gh: int = 20):
-        super().__init__(num_gh)
-        n = torch.as_tensor(noise, dtype=torch.get_default_dtype()).detach()
-        if n.numel() != 1 or not bool(torch.isfinite(n).all()) or not bool((n > 0).all()):
-            raise ValueError(
-                f"noise is the variance of the Gaussian noise and must be one finite positive number, got {noise!r}; "
-                "e.g. Gaussian(noise=0.1)"
-            )
-        self.noise = PyroParam(torch.as_tensor(noise, dtype=torch.get_default_dtype()), constraints.positive)
-        _LIVE_GAUSSIAN.add(self)
-
-    def __setstate__(self, state):
-        """Unpickling and ``copy.deepcopy`` (which bypass ``__init__``) register the copy too (noise ``()``)."""
-        super().__setstate__(state)
-        _LIVE_GAUSSIAN.add(self)
-
-    def distribution(self, f):
-        return dist.Normal(f, self.noise.sqrt())
-
-    def expected_log_prob(self, y, f_loc, f_var):
-        noise = self.noise
-        return dist.Normal(f_loc, noise.sqrt()).log_prob(self._as_values(y, f_loc)) - 0.5 * f_var / noise
-
-    def predictive(self, f_loc, f_var):
-        return dist.Normal(f_loc, (f_var + self.noise).sqrt())
-
-
-class Bernoulli(Likelihood):
-    r"""Binary labels ``y`` in ``{0, 1}`` with :math:`p(y=1|f) = \Phi(f)` (``link="probit"``) or
-    :math:`\sigma(f)` (``link="logit"``). Expected log-likelihood by Gauss-Hermite (Hensman 2015, section 4);
-    the probit predictive is closed form, :math:`\Phi(\mu / \sqrt{1 + v})`; the logit predictive is by
-    Gauss-Hermite. ``f``, ``y`` and the marginals ``[..., B]``; distributions have batch shape ``[..., B]``.
-    """
-
-    support = constraints.boolean
-
-    def __init__(self, link: str = "probit", num_gh: int = 20):
-        super().__init__(num_gh)
-        if link not in ("probit", "logit"):
-            raise ValueError(f"link must be 'probit' or 'logit', got {link!r}")
-        self.link = link
-
-    def distribution(self, f):
-        if self.link == "logit":
-            return dist.Bernoulli(logits=f)
-        # log Phi computed stably; Bernoulli(logits=log Phi(f) - log Phi(-f))
-        return dist.Bernoulli(logits=_log_ndtr(f) - _log_ndtr(-f))
-
-    def predictive(self, f_loc, f_var):
-        if self.link == "probit":
-            z = f_loc / (1 + f_var).sqrt()
-            return dist.Bernoulli(logits=_log_ndtr(z) - _log_ndtr(-z))
-        x, w = gauss_hermite(self.num_nodes(f_var), f_loc.dtype, f_loc.device)
-        p = (torch.sigmoid(f_loc.unsqueeze(-1) + f_var.sqrt().unsqueeze(-1) * x) * w).sum(-1)
-        return dist.Bernoulli(probs=p.clamp(1e-12, 1 - 1e-12))
-
-
-def _log_ndtr(x):
-    return torch.special.log_ndtr(x)
-
-
-class PolyaGammaLogit(Bernoulli):
-    r"""Logistic likelihood with Pólya-Gamma augmentation (Wenzel et al. 2019; Polson, Scott, Windle 2013).
-
-    Model: :math:`\omega_n \sim \mathrm{PG}(1, 0)` at site ``<prefix>.omega`` and ``y`` observed from
-    :class:`~pyro_sparsegp.distributions.PolyaGammaAugmentedBernoulli`; guide: :math:`\omega_n \sim
-    \mathrm{PG}(1, c_n)` with the optimal local parameter :math:`c_n = \sqrt{\mathbb{E}_q f_n^2}` (treated as a
-    constant: at the optimum its gradient vanishes). ``Trace_ELBO`` then estimates the augmented bound
-    :func:`pyro_sparsegp.bounds.polya_gamma.pg_bound`; ``TraceMeanField_ELBO`` evaluates its KLs in closed form.
-    ``distribution``, ``expected_log_prob`` and ``predictive`` are those of the plain logit likelihood.
-    ``f``, ``y``, ``omega`` and the marginals of q(f) are ``[..., B]``.
-    """
-
-    def __init__(self, num_gh: int = 20):
-        super().__init__("logit", num_gh)
-
-    def forward(self, f, y=None, name="y", prefix="gp"):
-        from .distributions import PolyaGamma, PolyaGammaAugmentedBernoulli
-
-        if y is not None:
-            if deferred.active() is None:  # else fit checked y once (deferred.py)
-                self.check_y(y)
-            y = self._as_values(y, f)
-        seed_context(self)
-        omega = pyro.sample(f"{prefix}.omega", PolyaGamma(torch.ones_like(f), torch.zeros_like(f)))
-        return pyro.sample(name, PolyaGammaAugmentedBernoulli(f, omega), obs=y)
-
-    def expected_log_prob(self, y, f_loc, f_var):
-        """The augmented bound's per-point term at the optimal ``c = sqrt(E f^2)`` (closed form, equal to the
-        Jaakkola-Jordan bound): a lower bound of the logit expected log-likelihood, which is what the paper
-        maximises. The exact logit expectation is :meth:`quadrature_expected_log_prob`. ``y``, ``f_loc``,
-        ``f_var`` ``[..., B]``; returns ``[..., B]``."""
-        from .bounds.polya_gamma import jaakkola_jordan_bound, optimal_c
-
-        return jaakkola_jordan_bound(self._as_values(y, f_loc), f_loc, f_var, optimal_c(f_loc, f_var))
-
-    def guide(self, qf, prefix="gp"):
-        """Sample :math:`\\omega_n \\sim \\mathrm{PG}(1, c_n)` at ``<prefix>.omega``, shape ``[..., B]``, with
-        the optimal :math:`c_n = \\sqrt{\\mathbb{E}_q f_n^2}` from ``qf()``'s marginals ``[..., B]`` (Wenzel et
-        al. 2019, optimal local parameter of the augmented bound)."""
-        from .bounds.polya_gamma import optimal_c
-        from .distributions import PolyaGamma
-
-        with torch.no_grad():
-            loc, var = qf()
-            c = optimal_c(loc, var)
-        pyro.sample(f"{prefix}.omega", PolyaGamma(torch.ones_like(c), c))

@@ -32,8 +32,8 @@ import pyro.distributions as dist
 import torch
 from torch.distributions import constraints
 
-from .likelihoods import Likelihood, _check_finite
-from .linalg import gauss_hermite
+from ..linalg import gauss_hermite
+from .base import Likelihood, _check_finite
 
 __all__ = ["RobustMax", "Softmax"]
 
