@@ -15,8 +15,7 @@ from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
 from pyro_sparsegp import linalg
-from pyro_sparsegp.infer.natgrad import closed_forms, damping
-from pyro_sparsegp.infer.natgrad import NatGradDampingWarning, natgrad_from_grads_
+from pyro_sparsegp.infer.natgrad import NatGradDampingWarning, closed_forms, damping, natgrad_from_grads_
 from pyro_sparsegp.variational import GaussianQ, to_natural
 
 
