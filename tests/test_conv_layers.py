@@ -15,6 +15,7 @@ import pyro_sparsegp as ps
 from pyro_sparsegp.conv import ConvLayer, DeepConvGP, init_patches, log_likelihood_and_accuracy
 from pyro_sparsegp.infer import fit
 from pyro_sparsegp.infer.fit import _default_elbo
+from pyro_sparsegp.variational import GaussianQ
 
 H, W, C = 7, 6, 2
 
@@ -178,3 +179,21 @@ def test_fit_trains_a_deep_conv_gp_on_its_analytic_elbo():
     gp.hidden[0].gp.kernel.lengthscale = PyroSample(dist.LogNormal(0.0, 1.0))
     with pytest.raises(ValueError, match="PyroSample"):
         fit(gp, X, y, num_steps=1, batch_size=20, progress=False)
+
+
+@pytest.mark.parametrize("solve", [False, True], ids=["svgp", "solvegp"])
+def test_fit_takes_natural_steps_on_every_deep_conv_layer(solve):
+    """``fit(..., natgrad_layers="all")`` on a deep conv GP: the SOLVE-GP layers whose ``q(u)`` and ``q(v⊥)`` both take
+    natural steps are the GP layers that own an orthogonal strategy (the hidden layer's GP over patches and the
+    output layer), never the ConvLayer that exposes its GP's strategy; every ``q`` moves, nothing is NaN."""
+    from pyro_sparsegp.infer.natgrad import natgrad_pairs
+
+    gp = _deep(solve)
+    families = [m for m in gp.modules() if isinstance(m, GaussianQ) and m.learn_scale]
+    pairs = natgrad_pairs(gp, families)
+    assert pairs == ([gp.hidden[0].gp, gp.output] if solve else [])
+    X, y = torch.rand(12, H * W * C), torch.randint(0, 3, (12,)).to(torch.get_default_dtype())
+    before = [q.u_loc.detach().clone() for q in families]
+    fit(gp, X, y, num_steps=2, batch_size=6, natgrad_lr=0.1, natgrad_layers="all", progress=False)
+    for q, b in zip(families, before, strict=True):
+        assert torch.isfinite(q.u_loc).all() and not torch.equal(q.u_loc.detach(), b)

@@ -97,8 +97,8 @@ def natgrad_pairs(module, families) -> list:
     their means jointly (:func:`solvegp_joint_natgrad_from_grads_`) and the other families alone."""
     ids = {id(q) for q in families}
     return [m for m in module.modules()
-            if isinstance(getattr(m, "strategy", None), OrthogonalStrategy) and id(m.q_u) in ids
-            and id(getattr(m, "q_v", None)) in ids]
+            if isinstance(getattr(m, "strategy", None), OrthogonalStrategy) and m.strategy.layer is m
+            and id(m.q_u) in ids and id(m.q_v) in ids]  # the layer that owns the strategy (not a ConvLayer over it)
 
 
 def set_natgrad_probes(pairs) -> None:
