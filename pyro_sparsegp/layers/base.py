@@ -17,7 +17,8 @@ from ..inputs import as_targets, as_tensor
 from ..likelihoods import _check_finite
 from ..validation import check_data, check_module_args
 
-__all__ = ["as_inputs", "sample_marginal", "qf_points", "UntrainableWarning", "LayerData", "layer_arguments"]
+__all__ = ["as_inputs", "named_data_plate", "sample_marginal", "qf_points", "UntrainableWarning", "LayerData",
+           "layer_arguments"]
 
 
 class UntrainableWarning(UserWarning):
@@ -71,6 +72,15 @@ def layer_arguments(kernel, Z, likelihood, num_outputs, integrate_f, jitter, mea
     if out is not None and out != (num_outputs or 1):
         raise ValueError(f"the mean function has {out} outputs but the layer has {num_outputs or 1}")
     return inducing, num_outputs, integrate_f
+
+
+def named_data_plate(name: str, N: int, subsample_size, num_data, device):
+    """The data plate ``"<name>.data"`` (``dim=-1``) over ``N`` rows: a minibatch of ``subsample_size`` drawn by the
+    plate, or (``num_data``) the ``N`` given rows standing for a data set of ``num_data`` (the likelihood is scaled by
+    ``num_data / N``). The minibatch estimate of Hensman, Fusi, Lawrence 2013, section 3.1."""
+    if num_data is None:
+        return data_plate(f"{name}.data", N, subsample_size=subsample_size, dim=-1, device=device)
+    return data_plate(f"{name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
 
 
 def as_inputs(f: torch.Tensor, num_outputs: int | None) -> torch.Tensor:
@@ -172,9 +182,7 @@ class LayerData:
         return self._data_plate(X.shape[-2], subsample_size, num_data, X.device)
 
     def _data_plate(self, N, subsample_size, num_data, device):
-        if num_data is None:
-            return data_plate(f"{self.name}.data", N, subsample_size=subsample_size, dim=-1, device=device)
-        return data_plate(f"{self.name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
+        return named_data_plate(self.name, N, subsample_size, num_data, device)
 
     def check_inputs(self, X, y=None, subsample_size=None, num_data=None, purpose="model"):
         """The layer's data as tensors, checked (:mod:`pyro_sparsegp.inputs`: tensors, numpy, lists, pandas; floating

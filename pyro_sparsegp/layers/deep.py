@@ -46,13 +46,12 @@ from pyro.nn import PyroModule
 
 from .. import deferred
 from ..composition import BoundModule, layer_method
-from ..composition import plate as data_plate
 from ..distributions import MarginalizedLikelihood
 from ..inputs import as_targets, as_tensor
 from ..likelihoods import _check_finite
 from ..naming import register_name, unique_name
 from ..variational.cache import take
-from .base import qf_points, sample_marginal
+from .base import named_data_plate, qf_points, sample_marginal
 from .deep_prediction import DeepPrediction
 from .svgp import SVGP
 
@@ -174,9 +173,7 @@ class DeepGP(DeepPrediction, PyroModule):
         return self._plate(X.shape[-2], subsample_size, num_data, X.device)
 
     def _plate(self, N, subsample_size, num_data, device):
-        if num_data is None:
-            return data_plate(f"{self.name}.data", N, subsample_size=subsample_size, dim=-1, device=device)
-        return data_plate(f"{self.name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
+        return named_data_plate(self.name, N, subsample_size, num_data, device)
 
     def _batch(self, X, y, idx, subsample_size, num_data):
         if num_data is not None or subsample_size is None:
