@@ -1,6 +1,7 @@
 """Sphinx configuration of the pyro_sparsegp documentation.
 
-Build: ``python -m sphinx -W -b html docs docs/_build/html`` (warnings are errors; ``tests/test_docs.py`` runs it).
+Build: ``python -m sphinx -W -b html docs docs/_build/html`` (warnings are errors;
+``tests/integration/test_docs.py`` runs it).
 
 Two folders of the source tree are generated here, at every build, and are not in git:
 

@@ -5,7 +5,13 @@ the same switch, with ``torch.set_default_device`` active), a clear param store,
 validation on and a fixed seed before every test.
 
 Tests create tensors with factory functions (``torch.randn``, ``torch.zeros``, ...), which follow the default device,
-so the whole suite runs on a GPU with ``PYRO_SPARSEGP_DEVICE=cuda``."""
+so the whole suite runs on a GPU with ``PYRO_SPARSEGP_DEVICE=cuda``.
+
+This file applies to every folder below it. The folders follow the package (``tests/layers/``, ``tests/infer/natgrad/``,
+...; ``tests/core/`` for the top-level modules, ``tests/integration/``, ``tests/robustness/``) and have no
+``__init__.py``: pytest's default ``prepend`` import mode imports each test file under its basename, so no two test
+files may share one. Helpers shared by test files live in ``tests/helpers/``, on ``sys.path`` through the
+``pythonpath`` setting of ``[tool.pytest.ini_options]``."""
 
 import os
 

@@ -4,8 +4,8 @@
 * :mod:`.solvegp` — Shi, Titsias, Mnih 2020 (SOLVE-GP, ODVGP); :mod:`.solvegp_cost` its table 4.
 * :mod:`.polya_gamma` — Wenzel et al. 2019 (the Pólya-Gamma augmented bound).
 
-The library imports none of them (``tests/test_house_rules.py``); they may import the library. Imported here so that
-``ps.bounds.svgp`` and the others are there for users without an import of their own.
+The library imports none of them (``tests/core/test_house_rules.py``); they may import the library. Imported here so
+that ``ps.bounds.svgp`` and the others are there for users without an import of their own.
 """
 
 from . import polya_gamma, solvegp, solvegp_cost, svgp  # noqa: F401

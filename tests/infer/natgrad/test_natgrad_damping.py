@@ -3,9 +3,10 @@ new precision has a Cholesky factor, at most 30 times, after which that output's
 q** (``pyro_sparsegp.infer.natgrad`` module docstring), with one :class:`NatGradDampingWarning`.
 
 ``natgrad_from_grads_`` (the autograd step, ``_damp``) and the closed-form steps of ``natgrad_step`` (``_apply``,
-``_damped_length``) each damp; the halvings of the first are triggered in tests/test_natural_gradient_safety.py, the
-second's nowhere else, and the "keeps its q" of a frozen output was asserted by neither (it failed before this file:
-a non-finite gradient made the frozen output's q NaN, as ``0 * nan = nan``)."""
+``_damped_length``) each damp; the halvings of the first are triggered in
+tests/infer/natgrad/test_natural_gradient_safety.py, the second's nowhere else, and the "keeps its q" of a frozen output
+was asserted by neither (it failed before this file: a non-finite gradient made the frozen output's q NaN, as
+``0 * nan = nan``)."""
 
 import warnings
 

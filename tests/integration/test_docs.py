@@ -1,13 +1,14 @@
 """The documentation site builds with warnings as errors (``python -m sphinx -W -b html docs OUT``), and its key pages
 exist: the API reference (with SVGP and SOLVEGP), the equations table, the site contract, one page per tutorial
-notebook (rendered with its stored outputs; tests/test_tutorials.py checks that each is committed executed)."""
+notebook (rendered with its stored outputs; tests/integration/test_tutorials.py checks that each is committed
+executed)."""
 
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "tutorials").glob("*.ipynb"))
 
 

@@ -3,6 +3,7 @@ and SOLVE-GP works with Predictive."""
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,10 +14,12 @@ import pyro_sparsegp as ps
 from pyro_sparsegp import likelihoods
 from pyro_sparsegp.distributions import PolyaGammaAugmentedBernoulli
 
-# every likelihood and the test module that checks its expectations against an independent computation
+# every likelihood and the test file (under tests/) that checks its expectations against an independent computation
+TESTS = Path(__file__).resolve().parents[1]
 TESTED = {
-    "Gaussian": "test_likelihoods", "Bernoulli": "test_likelihoods", "PolyaGammaLogit": "test_polya_gamma_bound",
-    "RobustMax": "test_multiclass", "Softmax": "test_multiclass",
+    "Gaussian": "likelihoods/test_likelihoods.py", "Bernoulli": "likelihoods/test_likelihoods.py",
+    "PolyaGammaLogit": "likelihoods/test_polya_gamma_bound.py",
+    "RobustMax": "likelihoods/test_multiclass.py", "Softmax": "likelihoods/test_multiclass.py",
 }
 
 
@@ -33,6 +36,7 @@ def test_no_untested_likelihood():
         if issubclass(cls, ps.Likelihood) and cls is not ps.Likelihood and not name.startswith("_")
     }
     assert found == set(TESTED)
+    assert all((TESTS / path).is_file() for path in TESTED.values()), TESTED
 
 
 @pytest.mark.parametrize("batch_shape", [(), (4,), (2, 3)], ids=str)

@@ -6,9 +6,9 @@ the kernels at extreme lengthscales and offsets. Every case must either work -- 
 exception, or a check that fails is a bug; so is an error raised for a case whose every choice is valid (each menu
 says which of its values are: ``*_valid``), so a bug that makes good data raise cannot pass as a "clear error".
 
-Each fuzzed input is drawn from a *menu* of good and bad values; ``python tests/test_fuzz.py`` enumerates every
-combination of the menus once (a fixed set of cases) and prints the counts per outcome for whatever version of the
-package it imports."""
+Each fuzzed input is drawn from a *menu* of good and bad values; ``python tests/robustness/test_fuzz.py`` enumerates
+every combination of the menus once (a fixed set of cases) and prints the counts per outcome for whatever version of
+the package it imports."""
 
 from __future__ import annotations
 

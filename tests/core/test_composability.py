@@ -317,7 +317,7 @@ def test_robust_max_default_integrates_f_and_trains():
         ps.SVGP(RBF(2), X[:6].clone(), ps.RobustMax(3), num_outputs=3, integrate_f=False)
 
 
-# -- 6: Pyro's global parameter store: tests/test_naming.py ------------------------------------------------------
+# -- 6: Pyro's global parameter store: tests/core/test_naming.py -------------------------------------------------
 
 
 # -- 7: prediction --------------------------------------------------------------------------------------------------

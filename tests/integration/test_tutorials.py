@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "tutorials").glob("*.ipynb"))
 WARNING = re.compile(r"\b\w*Warning\b: ")  # how Python shows a warning: "path:line: SomeWarning: message"
 
@@ -54,7 +54,7 @@ def test_warnings_shown_finds_a_warning_line():
 def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("PYRO_SPARSEGP_SMOKE", "1")
     # the kernel imports this checkout's package (not another installed copy), as the tests themselves do
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(ROOT)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH")] if p))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(path, as_version=4)

@@ -2,7 +2,8 @@
 computation (``handled``), or raises ``ValueError``/``TypeError`` whose message names the problem and the fix
 (``clear error``). :func:`classify` sorts a case into those two or ``silently wrong`` (it returned, but the check
 failed or the expected error did not come) or ``unclear`` (another exception, or a message without the fix), so
-``python tests/test_hardening.py`` prints the counts per outcome for whatever version of the package it imports."""
+``python tests/robustness/test_named_edge_cases.py`` prints the counts per outcome for whatever version of the package
+it imports."""
 
 from __future__ import annotations
 

@@ -32,9 +32,11 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the child imports this checkout's package
 BOUND_MB = 20.0
 SMALL, LARGE = 10**5, 10**7
 
@@ -123,7 +125,7 @@ print(json.dumps({"N": N, "growth_mb": after - before, "before_mb": before, "pea
 def _growth(N: int, inject: str = "none") -> dict:
     """The child's report for one fresh run: ``growth_mb``, the peak resident memory that the measured ``fit``
     added (MiB)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(ROOT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, "-c", CHILD, str(N), inject], env=env, cwd=root, capture_output=True,
