@@ -227,9 +227,14 @@ def _params():
 
 @pytest.mark.parametrize("page", list(_params()))
 def test_page_snippets_run(page, tmp_path, monkeypatch):
+    from pyro_sparsegp.covariances import dispatch
+
     monkeypatch.chdir(tmp_path)
     pyro.clear_param_store()
     environ = dict(os.environ)
+    # a page may register covariance rules (docs/extending.md): its classes' methods hold the page's namespace, so a
+    # rule left registered would keep the page's modules, and their names ("gp"), alive for every later test
+    registry = [(d, dict(d)) for d in (dispatch._RULES, dispatch._DIAGS, dispatch._HINTS)]
     try:
         with pyro.settings.context(module_local_params=False):  # Pyro's default, as in a new session
             _run_page(page, {"__name__": "__snippet__"})
@@ -238,6 +243,10 @@ def test_page_snippets_run(page, tmp_path, monkeypatch):
         os.environ.update(environ)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        for live, saved in registry:
+            live.clear()
+            live.update(saved)
+        dispatch._CACHE.clear()
 
 
 def test_state_dict_loads_in_a_fresh_process(tmp_path, monkeypatch):
