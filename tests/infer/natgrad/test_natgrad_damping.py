@@ -25,11 +25,12 @@ def _q_with_grads(L=3, M=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     dt = torch.get_default_dtype()
     q = GaussianQ(M, num_outputs=L)
-    B = torch.randn(L, M, M, generator=g).to(dt)
-    q.set(torch.randn(L, M, generator=g).to(dt), torch.linalg.cholesky(B @ B.mT / M + torch.eye(M)))
-    A = 0.1 * torch.randn(L, M, M, generator=g).to(dt)
+    f64 = torch.float64  # the same draws in the float64 and the float32 pass
+    B = torch.randn(L, M, M, generator=g, dtype=f64).to(dt)
+    q.set(torch.randn(L, M, generator=g, dtype=f64).to(dt), torch.linalg.cholesky(B @ B.mT / M + torch.eye(M)))
+    A = 0.1 * torch.randn(L, M, M, generator=g, dtype=f64).to(dt)
     S = q.u_scale_tril @ q.u_scale_tril.mT
-    ((A + A.mT) * S).sum().add((torch.randn(L, M, generator=g).to(dt) * q.u_loc).sum()).backward()
+    ((A + A.mT) * S).sum().add((torch.randn(L, M, generator=g, dtype=f64).to(dt) * q.u_loc).sum()).backward()
     return q
 
 
