@@ -33,7 +33,11 @@ inducing points (the first M as Z, the next 8M as O) and J = M columns of K_vv s
 "1024 + 8096" row with its 1024 sampled columns (section 6.3; its q(v⊥) = N(C_vv a, C_vv), not whitened, as the
 paper's). ``--models`` picks a subset of the models. ``--timing`` times a training step (forward, backward, Adam) of
 the subsampled ODVGP at M2 = 4M, 8M, 16M with the same J = M side by side (round-robin, median), beside the dense
-ODVGP and SVGP M, and writes the ratios (``ratio_8M_4M``, ``ratio_16M_8M``) as JSON rows. On a 2-core CPU the full protocol (6 datasets x 5 splits x 100 epochs x 4 models at
+ODVGP and SVGP M, and writes the ratios (``ratio_8M_4M``, ``ratio_16M_8M``) as JSON rows. A step costs
+``O(M^3 + B M^2)`` (as SVGP M) plus ``(B + M + J) M2`` kernel evaluations (``K_fv a``, ``K_uv a``, ``K_{S,:} a``,
+through :func:`pyro_sparsegp.kernels.kernel_matvec`), so the ratio per doubling of M2 is small where the first part
+dominates: at the paper's M = 1024 (``--timing --M 1024 --threads 1``, 2-core CPU: 1.15 and 1.27), not at M = 128
+(1.26 and 1.49). On a 2-core CPU the full protocol (6 datasets x 5 splits x 100 epochs x 4 models at
 M = 1024) takes days; ``--datasets/--splits/--epochs/--M/--max-train`` say what was run and every JSON row records
 it. ``--quick`` is a reduced protocol: kin40k, 1 split, M = 128 (+ 128), 50 epochs on 5,000 training points.
 ``--estimate`` times a few steps of each model per dataset and prints the projected time of the chosen protocol.

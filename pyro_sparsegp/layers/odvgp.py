@@ -45,8 +45,10 @@ is unbiased (each column is in ``S`` with probability ``J/M2``), with variance
 :math:`t_j = a_j[K_{vv}a]_j`. ``S`` does not depend on the parameters, so the gradient of the estimate is an unbiased
 estimate of the gradient; with minibatches of ``B`` points (data term scaled by ``N/B``) the whole bound and its
 gradient are unbiased. A step costs ``O(B M2 + J M2 + M M2 + M^3 + B M^2)``: linear in ``M2``, no ``M2 x M2``
-matrix (``K_{S,:}`` is ``[J, M2]``). With ``J = M2`` the estimate is exact and the bound is that of
-``SOLVEGP(..., odvgp=True)`` at ``q_v.u_loc = C_vv a`` (whitened: :math:`L_c^Ta`, :math:`L_c = \mathrm{chol}(C_{vv})`).
+matrix, and no ``[B, M2]`` or ``[J, M2]`` one either: the three products ``K_fv a``, ``K_uv a`` and ``K_{S,:} a`` are
+:func:`~pyro_sparsegp.kernels.kernel_matvec` calls (blocks of rows in cache, closed-form gradients). With
+``J = M2`` the estimate is exact and the bound is that of ``SOLVEGP(..., odvgp=True)`` at ``q_v.u_loc = C_vv a``
+(whitened: :math:`L_c^Ta`, :math:`L_c = \mathrm{chol}(C_{vv})`).
 Prediction is exact (no subsampling: ``K_vv`` does not enter ``q(f*)``).
 """
 
@@ -61,16 +63,13 @@ from .. import covariances as cov
 from .. import inducing as ind
 from ..composition import layer_method
 from ..inputs import as_tensor
-from ..kernels import kernel_matrix
+from ..kernels.matvec import kernel_matvec
 from ..linalg import whitened_marginals
 from ..validation import check_orthogonal_inputs
 from .solvegp import OrthogonalInputs
 from .svgp import SVGP
 
 __all__ = ["ODVGP"]
-
-_CHUNK = 1 << 22  # elements of a kernel block [rows, M2] formed at once by the exact (J = M2) quadratic form
-
 
 class ODVGP(OrthogonalInputs, SVGP):
     r"""ODVGP (Salimbeni et al. 2018) as SOLVE-GP with :math:`q(v_\perp) = N(C_{vv}a, C_{vv})` (module docstring),
@@ -115,8 +114,8 @@ class ODVGP(OrthogonalInputs, SVGP):
         k, a = self.kernel, self.a
         Kuu, Luu = self.strategy.kuu_chol(consume=False)
         self.strategy.clear()
-        Kuv_a = kernel_matrix(k, self.Z, self.O) @ a  # [M]
-        Kfv_a = kernel_matrix(k, X, self.O) @ a  # [B]
+        Kuv_a = kernel_matvec(k, self.Z, self.O, a)  # [M]
+        Kfv_a = kernel_matvec(k, X, self.O, a)  # [B]
         b = torch.linalg.solve_triangular(Luu, Kuv_a.unsqueeze(-1), upper=False).squeeze(-1)  # [M]
         m, C = cond.whitened_q(self.q_u.u_loc, self.q_u.u_scale_tril, None if self.whiten else Luu)
         # k_nu Kuu^{-1} (m_u - K_uv a) = W^T (m' - b) with W = Luu^{-1} K_uf (whitened_marginals forms W)
@@ -138,11 +137,9 @@ class ODVGP(OrthogonalInputs, SVGP):
         M2 = O.shape[0]
         idx = self.columns() if columns is None else torch.as_tensor(columns, device=O.device)
         J = idx.shape[0]
-        if J == M2:  # exact: every column (in any order), in blocks of rows
-            step = max(1, _CHUNK // M2)
-            return sum(a[i : i + step] @ (kernel_matrix(self.kernel, O[i : i + step], O) @ a)
-                       for i in range(0, M2, step))
-        return (M2 / J) * (a[idx] @ (kernel_matrix(self.kernel, O[idx], O) @ a))
+        if J == M2:  # exact: every column (in any order)
+            return a @ kernel_matvec(self.kernel, O, O, a)
+        return (M2 / J) * (a[idx] @ kernel_matvec(self.kernel, O[idx], O, a))
 
     def kl_v(self, b, columns=None) -> torch.Tensor:
         r""":math:`\mathrm{KL}[q(v_\perp)\|p_\perp(v_\perp)] = \tfrac12(a^TK_{vv}a - \|b\|^2)`,
@@ -155,7 +152,7 @@ class ODVGP(OrthogonalInputs, SVGP):
         columns ``columns`` (``None``: ``num_subsample`` drawn afresh; all ``M2``: exact)."""
         _, Luu = self.strategy.kuu_chol(consume=False)
         self.strategy.clear()
-        Kuv_a = kernel_matrix(self.kernel, self.Z, self.O) @ self.a  # [M]
+        Kuv_a = kernel_matvec(self.kernel, self.Z, self.O, self.a)  # [M]
         b = torch.linalg.solve_triangular(Luu, Kuv_a.unsqueeze(-1), upper=False).squeeze(-1)
         return self.kl_u(Luu) + self.kl_v(b, columns)
 
