@@ -1,16 +1,18 @@
 """Convolutional GPs on MNIST and Fashion-MNIST (Shi, Titsias, Mnih 2020, sec. 6.2, tables 8-9; van der Wilk et al.
 2017; Dutordoir et al. 2020): RBF SVGP (M; ``rbf2M``: 2M), weighted-convolutional SVGP (M and 2M), convolutional
-SOLVE-GP (M + M), TICK SVGP, the sums weighted conv + RBF (``conv_rbf``, van der Wilk et al.'s "wconv + RBF") and TICK +
-RBF (``tick_rbf``) with M inducing patches + M inducing images, and 2-layer deep convolutional SVGP / SOLVE-GP (table 5: hidden 5x5 stride 1, 10 channels; TICK output layer
-4x4 stride 2), all with the robust-max likelihood (10 latent GPs, shared inducing patches), trained side by side on
-the same minibatches by ``pyro_sparsegp.infer.fit`` on each model's ``analytic_elbo`` (single layer: the closed-form
-bound with Gauss-Hermite quadrature; deep: Salimbeni's estimator through the hidden layers' marginals), Adam on
-everything (robust-max is not log-concave: no natural-gradient steps).
+SOLVE-GP (M + M), TICK SVGP, the sums weighted conv + RBF (``conv_rbf``, van der Wilk et al.'s "wconv + RBF") and
+TICK + RBF (``tick_rbf``) with M inducing patches + M inducing images, and 2- and 3-layer deep convolutional SVGP
+/ SOLVE-GP (``deep2``, ``deep2_solve``, ``deep3``, ``deep3_solve``; table 5: hidden 5x5 stride 1 with 10 channels
+(deep3: then 4x4 stride 2 with 10 channels), TICK output layer 4x4 stride 2 (deep3: 5x5 stride 1)), all with the
+robust-max likelihood (10 latent GPs, shared inducing patches), trained side by side on the same minibatches by
+``pyro_sparsegp.infer.fit`` on each model's ``analytic_elbo`` (single layer: the closed-form bound with
+Gauss-Hermite quadrature; deep: Salimbeni's estimator through the hidden layers' marginals), Adam on everything
+(robust-max is not log-concave: no natural-gradient steps).
 
 Data: ``mnist`` = the 10,000 real MNIST test images (the only MNIST images in ``shared/data``), stratified 8,000 /
 2,000; ``fashion`` = Fashion-MNIST 60,000 / 10,000. Pixels in [0, 1].
 
-Defaults are the paper's (appendix G.2): M = 1000 (single layer), 384 hidden / 1000 output (deep), |B| = 64,
+Defaults are the paper's (appendix G.2): M = 1000 (single layer), 384 per hidden layer / 1000 output (deep), |B| = 64,
 Adam lr 0.003 annealed x0.25 every 50K of 300K iterations, patch RBF variance 5 (lengthscale 1 for pixels in
 [0, 1], where the paper's 5 made Kuu numerically singular in float32), TICK location
 lengthscale 3, whitening in single-layer models only, k-means-initialised patches. ``--quick``: MNIST 8k/2k and
@@ -119,41 +121,8 @@ def build(model, Xtr, M, args):
         Zr = kmeans(Xtr[torch.randperm(len(Xtr))[: 20 * M]], M)
         k = ps.SumKernel(kc, RBF(784, variance=torch.tensor(5.0), lengthscale=torch.tensor(5.0)))
         gp = ps.SVGP(k, ps.InducingSum(Zc, Zr), lik, num_outputs=10, whiten=True, integrate_f=True)
-    elif model in ("deep", "deep_solve"):
-        M0, M1 = M
-        solve = model == "deep_solve"
-        P0 = init_patches(Xtr, IMG, 5, 2 * M0 if solve else M0, per_centre=args.per_centre)
-        hidden = ConvLayer(patch_kernel(25, args), IMG, 5, 1, 10, P0[:M0], P0[M0:] if solve else None, name="conv0")
-        # provisional output layer (identity-conv mean feature maps); re-initialised below from hidden samples
-        with torch.no_grad():
-            H0 = hidden.mean_function(Xtr[:500]).reshape(500, -1)
-        P1 = init_patches(H0, hidden.output_image_shape, 4, 2 * M1 if solve else M1, stride=2, per_centre=10)
-        k = ps.TICK(patch_kernel(160, args), hidden.output_image_shape, 4, 2,
-                    location_lengthscale=args.location_lengthscale)
-        Z = ps.IndexedInducingPatches(P1[:M1], grid=k.grid)
-        if solve:
-            O = ps.IndexedInducingPatches(P1[M1:], grid=k.grid)  # noqa: E741
-            out = ps.SOLVEGP(k, Z, O, lik, num_outputs=10, whiten=False, integrate_f=True, name="out")
-        else:
-            out = ps.SVGP(k, Z, lik, num_outputs=10, whiten=False, integrate_f=True, name="out")
-        gp = DeepConvGP([hidden], out, num_samples=args.particles)
-        # output-layer patches: k-means of patches of hidden-layer samples at initialisation (propagated through the
-        # initial model, as Shi et al. propagate images through random filters), the output patch kernel's lengthscale
-        # from their median distance (the hidden samples' scale is set by the hidden kernel's variance); q(u), q(v)
-        # reset to the prior
-        with torch.no_grad(), pyro.poutine.block():
-            H0 = gp.hidden[0].sample(Xtr[torch.randperm(len(Xtr))[:500]])
-            P1 = init_patches(H0, hidden.output_image_shape, 4, 2 * M1 if solve else M1, stride=2,
-                              per_centre=args.per_centre)
-            out.inducing.Z = P1[:M1]
-            out.kernel.base_kernel.lengthscale = torch.cdist(P1, P1).median()
-            if solve:
-                out.orthogonal.Z = P1[M1:]
-                Luu, Lc, _ = out.strategy.joint_factors()
-                out.q_v.set(torch.zeros_like(out.q_v.u_loc), Lc.expand_as(out.q_v.u_scale_tril))
-            else:
-                Luu = cholesky(ps.covariances.Kuu(out.inducing, out.kernel))
-            out.q_u.set(torch.zeros_like(out.q_u.u_loc), Luu.expand_as(out.q_u.u_scale_tril))
+    elif model in DEEP:
+        gp = build_deep(model, Xtr, M, lik, args)
         return gp, lambda X: gp.predict_proba(X, num_samples=args.samples, batch_size=args.eval_batch)
     else:
         raise KeyError(model)
@@ -166,6 +135,69 @@ def build(model, Xtr, M, args):
         return torch.cat(out, -2)
 
     return gp, predict
+
+DEEP = {"deep2": (1, False), "deep2_solve": (1, True), "deep3": (2, False), "deep3_solve": (2, True)}
+ALIASES = {"deep": "deep2", "deep_solve": "deep2_solve"}  # the rows' names before the 3-layer models
+
+
+def _provisional(layer, X, n=500):
+    """Identity-conv mean feature maps of ``n`` images through ``layer`` (flattened ``[n, H*W*C]``)."""
+    with torch.no_grad():
+        return layer.mean_function(X[:n]).reshape(len(X[:n]), -1)
+
+
+def _reinit(layer_gp, before, Xtr, shape, patch, stride, M, solve, args):
+    """Inducing patches of ``layer_gp`` (its Z, O) by k-means of patches of samples of the layers ``before`` at
+    initialisation (Shi et al. 2020, appendix G.2, with samples of the initial model in place of their random-filter
+    projections), its patch kernel's lengthscale from their median distance, and q(u) (q(v)) reset to the prior."""
+    with torch.no_grad(), pyro.poutine.block():
+        H = Xtr[torch.randperm(len(Xtr))[:500]]
+        for layer in before:
+            H = layer.sample(H)
+        P = init_patches(H, shape, patch, 2 * M if solve else M, stride=stride, per_centre=args.per_centre)
+        layer_gp.inducing.Z = P[:M]
+        base = getattr(layer_gp.kernel, "base_kernel", layer_gp.kernel)  # TICK: its patch kernel
+        base.lengthscale = torch.cdist(P, P).median()
+        if solve:
+            layer_gp.orthogonal.Z = P[M:]
+            Luu, Lc, _ = layer_gp.strategy.joint_factors()
+            layer_gp.q_v.set(torch.zeros_like(layer_gp.q_v.u_loc), Lc.expand_as(layer_gp.q_v.u_scale_tril))
+        else:
+            Luu = cholesky(ps.covariances.Kuu(layer_gp.inducing, layer_gp.kernel))
+        if layer_gp.q_u.u_scale_tril.shape[-2:] == Luu.shape[-2:]:
+            layer_gp.q_u.set(torch.zeros_like(layer_gp.q_u.u_loc), Luu.expand_as(layer_gp.q_u.u_scale_tril))
+
+
+def build_deep(model, Xtr, M, lik, args):
+    """Shi et al. (2020) table 5: hidden 5x5 stride-1 conv layers with 10 channels and identity-conv means (deep3: a
+    second hidden layer 4x4 stride 2), then a TICK output layer (deep2: 4x4 stride 2; deep3: 5x5 stride 1); SVGP or
+    SOLVE-GP (M + M) layers, no whitening. ``M = (hidden, output)`` inducing patches per layer."""
+    (M0, M1), (depth, solve) = M, DEEP[model]
+    P0 = init_patches(Xtr, IMG, 5, 2 * M0 if solve else M0, per_centre=args.per_centre)
+    hidden = [ConvLayer(patch_kernel(25, args), IMG, 5, 1, 10, P0[:M0], P0[M0:] if solve else None, name="conv0")]
+    if depth == 2:  # provisional patches from the first layer's mean maps; re-initialised from samples below
+        shape0 = hidden[0].output_image_shape
+        P = init_patches(_provisional(hidden[0], Xtr), shape0, 4, 2 * M0 if solve else M0, stride=2, per_centre=10)
+        hidden.append(ConvLayer(patch_kernel(160, args), shape0, 4, 2, 10, P[:M0], P[M0:] if solve else None,
+                                name="conv1"))
+    shape = hidden[-1].output_image_shape
+    patch, stride = (4, 2) if depth == 1 else (5, 1)
+    d = patch * patch * shape[2]
+    H0 = _provisional(hidden[0], Xtr) if depth == 1 else None
+    P1 = (init_patches(H0, shape, patch, 2 * M1 if solve else M1, stride=stride, per_centre=10) if H0 is not None
+          else torch.randn(2 * M1 if solve else M1, d))
+    k = ps.TICK(patch_kernel(d, args), shape, patch, stride, location_lengthscale=args.location_lengthscale)
+    Z = ps.IndexedInducingPatches(P1[:M1], grid=k.grid)
+    if solve:
+        O = ps.IndexedInducingPatches(P1[M1:], grid=k.grid)  # noqa: E741
+        out = ps.SOLVEGP(k, Z, O, lik, num_outputs=10, whiten=False, integrate_f=True, name="out")
+    else:
+        out = ps.SVGP(k, Z, lik, num_outputs=10, whiten=False, integrate_f=True, name="out")
+    gp = DeepConvGP(hidden, out, num_samples=args.particles)
+    if depth == 2:
+        _reinit(gp.hidden[1].gp, gp.hidden[:1], Xtr, hidden[0].output_image_shape, 4, 2, M0, solve, args)
+    _reinit(out, gp.hidden, Xtr, shape, patch, stride, M1, solve, args)
+    return gp
 
 
 def memory_mb():
@@ -226,8 +258,9 @@ def run(dataset, model, M, data, args):
     Mn = f"{M[0]},{M[1]}" if isinstance(M, tuple) else M
     if model in ("conv_solve", "conv_rbf", "tick_rbf"):
         Mn = f"{M}+{M}"
-    if model == "deep_solve":
-        Mn = f"{M[0]}+{M[0]},{M[1]}+{M[1]}"
+    if model in DEEP:
+        hidden = ",".join([f"{M[0]}+{M[0]}" if DEEP[model][1] else f"{M[0]}"] * DEEP[model][0])
+        Mn = f"{hidden},{M[1]}+{M[1]}" if DEEP[model][1] else f"{hidden},{M[1]}"
     return {"dataset": dataset, "model": model, "M": Mn, "accuracy": acc, "test_ll": ll,
             "s_per_iter": t_train / args.iters, "peak_mem_MB": state["mem"], "eval_s": time.perf_counter() - t0,
             "curve": state["curve"]}
@@ -236,7 +269,8 @@ def run(dataset, model, M, data, args):
 def main():
     p = parser(__doc__)
     p.add_argument("--datasets", default="mnist,fashion")
-    p.add_argument("--models", default="rbf,conv,conv2M,conv_solve,tick,deep,deep_solve")
+    p.add_argument("--models", default="rbf,conv,conv2M,conv_solve,tick,deep2,deep2_solve",
+                   help=f"comma-separated; deep models: {','.join(DEEP)} ('deep', 'deep_solve': deep2, deep2_solve)")
     p.add_argument("--M", type=int, default=None, help="inducing patches (single layer); default 1000, quick 100")
     p.add_argument("--M-deep", default=None, help="hidden,output inducing patches; default 384,1000, quick 50,100")
     p.add_argument("--iters", type=int, default=None)
@@ -270,8 +304,8 @@ def main():
     for dataset in args.datasets.split(","):
         data = load(dataset, args.quick, np.random.default_rng(0))
         print(f"# {dataset}: {len(data[0])} train / {len(data[2])} test images", flush=True)
-        for model in args.models.split(","):
-            m = {"conv2M": 2 * M, "rbf2M": 2 * M, "deep": Md, "deep_solve": Md}.get(model, M)
+        for model in (ALIASES.get(m, m) for m in args.models.split(",")):
+            m = Md if model in DEEP else {"conv2M": 2 * M, "rbf2M": 2 * M}.get(model, M)
             row = run(dataset, {"conv2M": "conv", "rbf2M": "rbf"}.get(model, model), m, data, args)
             rows.append(row)
             print(table([row], [k for k in row if k != "curve"]), flush=True)

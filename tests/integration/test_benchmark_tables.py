@@ -109,6 +109,36 @@ def test_convgp_sum_models_build_predict_and_train(model):
     assert all(not torch.equal(p.Z.detach(), b) for p, b in zip(gp.inducing.parts, before, strict=True))
 
 
+
+@pytest.mark.parametrize("model", ["deep2", "deep3_solve"])
+def test_convgp_deep_models_follow_table_5(model):
+    """The deep rows of benchmarks/convgp_mnist.py (Shi et al. 2020, table 5): deep2 = 5x5/1 conv (10 channels), TICK
+    4x4/2; deep3 = 5x5/1 conv, 4x4/2 conv (10 channels), TICK 5x5/1; SOLVE-GP layers carry M + M patches. Every
+    layer's inducing patches come from samples of the layers below (k-means), q(u) starts at the prior, and the
+    benchmark's loop trains the deepest hidden layer."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import convgp_mnist
+    finally:
+        sys.path.remove(str(BENCH))
+
+    args = SimpleNamespace(variance=5.0, lengthscale=1.0, location_lengthscale=3.0, per_centre=5, eval_batch=16,
+                           iters=2, anneal_every=2, lr=0.01, batch=8, particles=1, samples=2)
+    X, y = torch.rand(40, 784), torch.randint(0, 10, (40,)).to(torch.get_default_dtype())
+    gp, predict = convgp_mnist.build(model, X, (3, 4), args)
+    depth, solve = convgp_mnist.DEEP[model]
+    assert [h.output_image_shape for h in gp.hidden] == [(24, 24, 10), (11, 11, 10)][:depth]
+    assert gp.output.kernel.patch_size == ((4, 4) if depth == 1 else (5, 5))
+    assert gp.output.inducing.Z.shape[-2] == 4 and (not solve or gp.output.O.shape[-2] == 4)
+    assert all(h.gp.inducing.Z.shape[-2] == 3 for h in gp.hidden)
+    probs = predict(X[:5])
+    assert probs.shape[-2:] == (5, 10)
+    before = gp.hidden[-1].gp.inducing.Z.detach().clone()
+    convgp_mnist.train(gp, X, y, args, on_step=lambda it, loss: None)
+    assert not torch.equal(gp.hidden[-1].gp.inducing.Z.detach(), before)
+
 # linear_operator (GPyTorch's) decorates with the deprecated torch.jit.script at import
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_time_to_accuracy_rows_carry_both_gpytorch_ratios_and_the_curve():
