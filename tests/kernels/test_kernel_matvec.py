@@ -102,3 +102,17 @@ def test_inexact_products_fall_back_to_the_differences():
 def test_feature_checks_are_the_kernel_matrix_ones():
     with pytest.raises(ValueError, match="different numbers of features"):
         kernel_matvec(_kernel(RBF, 2), torch.randn(3, 2), torch.randn(4, 3), torch.randn(4))
+
+
+@pytest.mark.parametrize("cls", KERNELS)
+def test_active_dims_select_the_same_features(cls):
+    """A kernel on some of the features (``active_dims``) sees the same features in both paths, and the unused
+    features get no gradient."""
+    k = cls(2, variance=torch.tensor(0.9), lengthscale=torch.tensor([0.8, 1.3]), active_dims=[2, 0])
+    X = torch.randn(6, 3, requires_grad=True)
+    Z, a = torch.randn(5, 3), torch.randn(5)
+    got, want = kernel_matvec(k, X, Z, a), kernel_matrix(k, X, Z) @ a
+    torch.testing.assert_close(got, want)
+    gX = torch.autograd.grad(got.sum(), X)[0]
+    torch.testing.assert_close(gX, torch.autograd.grad(want.sum(), X)[0])
+    assert gX[:, 1].abs().max() == 0
