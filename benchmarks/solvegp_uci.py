@@ -36,8 +36,9 @@ the subsampled ODVGP at M2 = 4M, 8M, 16M with the same J = M side by side (round
 ODVGP and SVGP M, and writes the ratios (``ratio_8M_4M``, ``ratio_16M_8M``) as JSON rows. A step costs
 ``O(M^3 + B M^2)`` (as SVGP M) plus ``(B + M + J) M2`` kernel evaluations (``K_fv a``, ``K_uv a``, ``K_{S,:} a``,
 through :func:`pyro_sparsegp.kernels.kernel_matvec`), so the ratio per doubling of M2 is small where the first part
-dominates: at the paper's M = 1024 (``--timing --M 1024 --threads 1``, 2-core CPU: 1.15 and 1.27), not at M = 128
-(1.26 and 1.49). On a 2-core CPU the full protocol (6 datasets x 5 splits x 100 epochs x 4 models at
+dominates: at the paper's M = 1024 with one thread (``--timing --M 1024 --threads 1``, 2-core CPU: 1.16 and 1.28;
+with two threads 1.28 and 1.44, as BLAS scales with the second thread and the blocked exp/sqrt barely do), not at
+M = 128 (1.26 and 1.49). On a 2-core CPU the full protocol (6 datasets x 5 splits x 100 epochs x 4 models at
 M = 1024) takes days; ``--datasets/--splits/--epochs/--M/--max-train`` say what was run and every JSON row records
 it. ``--quick`` is a reduced protocol: kin40k, 1 split, M = 128 (+ 128), 50 epochs on 5,000 training points.
 ``--estimate`` times a few steps of each model per dataset and prints the projected time of the chosen protocol.
