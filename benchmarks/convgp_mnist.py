@@ -164,8 +164,7 @@ def _reinit(layer_gp, before, Xtr, shape, patch, stride, M, solve, args):
             layer_gp.q_v.set(torch.zeros_like(layer_gp.q_v.u_loc), Lc.expand_as(layer_gp.q_v.u_scale_tril))
         else:
             Luu = cholesky(ps.covariances.Kuu(layer_gp.inducing, layer_gp.kernel))
-        if layer_gp.q_u.u_scale_tril.shape[-2:] == Luu.shape[-2:]:
-            layer_gp.q_u.set(torch.zeros_like(layer_gp.q_u.u_loc), Luu.expand_as(layer_gp.q_u.u_scale_tril))
+        layer_gp.q_u.set(torch.zeros_like(layer_gp.q_u.u_loc), Luu.expand_as(layer_gp.q_u.u_scale_tril))
 
 
 def build_deep(model, Xtr, M, lik, args):
