@@ -7,7 +7,10 @@ TICK + RBF (``tick_rbf``) with M inducing patches + M inducing images, and 2- an
 robust-max likelihood (10 latent GPs, shared inducing patches), trained side by side on the same minibatches by
 ``pyro_sparsegp.infer.fit`` on each model's ``analytic_elbo`` (single layer: the closed-form bound with
 Gauss-Hermite quadrature; deep: Salimbeni's estimator through the hidden layers' marginals), Adam on everything
-(robust-max is not log-concave: no natural-gradient steps).
+(the paper's recipe). ``--natgrad LENGTH`` gives the output layer's q(u) natural steps of that length instead (the
+positive-definite step); ``--natgrad auto`` is ``fit``'s policy, which at |B| = 64 of 8,000 or more images is Adam:
+TICK on the Fashion subset reached 0.634 / 0.696 / 0.713 test accuracy after 400 iterations with steps of 0.1 / 0.01
+/ 0.03, against 0.770 with Adam (``pyro_sparsegp.infer.natgrad_options``).
 
 Data: ``mnist`` = the 10,000 real MNIST test images (the only MNIST images in ``shared/data``), stratified 8,000 /
 2,000; ``fashion`` = Fashion-MNIST 60,000 / 10,000. Pixels in [0, 1].
@@ -219,7 +222,7 @@ def train(gp, Xtr, ytr, args, on_step):
     while done < args.iters:
         n = min(args.anneal_every, args.iters - done)
         offset = done
-        fit(gp, Xtr, ytr, num_steps=n, batch_size=args.batch, lr=lr, natgrad_lr=None, seed=1 + done,
+        fit(gp, Xtr, ytr, num_steps=n, batch_size=args.batch, lr=lr, natgrad_lr=args.natgrad, seed=1 + done,
             progress=False, callback=lambda step, loss, o=offset: on_step(o + step, loss))
         done, lr = done + n, lr * 0.25
 
@@ -291,7 +294,12 @@ def main():
     p.add_argument("--timing-only", action="store_true",
                    help="seconds per iteration only: no test evaluation (accuracy and test_ll are NaN)")
     p.add_argument("--float64", action="store_true")
+    p.add_argument("--natgrad", default="none",
+                   help="q(u)'s step: 'none' (Adam on every parameter, the paper's recipe), 'auto' (fit's natural-"
+                        "gradient policy: positive-definite natural steps on the output layer) or a step length")
     args = p.parse_args()
+    args.natgrad = {"none": None, "auto": "auto"}.get(args.natgrad, args.natgrad)
+    args.natgrad = float(args.natgrad) if isinstance(args.natgrad, str) and args.natgrad != "auto" else args.natgrad
     setup(args)
     warnings.filterwarnings("ignore", category=UserWarning)
     torch.set_default_dtype(torch.float64 if args.float64 else torch.float32)

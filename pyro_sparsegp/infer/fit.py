@@ -105,12 +105,12 @@ class _Arguments:
     plan: NatGradPlan  # warm-up, positive-definite step, layers, iterate average (natgrad_options.py)
 
 
-def _natgrad(module, natgrad_lr, elbo, num_steps, options: dict):
+def _natgrad(module, natgrad_lr, elbo, num_steps, batch_fraction, options: dict):
     """``(natgrad_lr, plan)``: the step length (a float in ``(0, 1]`` or ``None``) and the
     :class:`~pyro_sparsegp.infer.natgrad_options.NatGradPlan` of fit's natural-gradient ``options`` (``"auto"``
-    resolved per likelihood and layer type)."""
+    resolved per likelihood, layer type and ``batch_fraction`` = B / N, ``None`` if unknown)."""
     natgrad_lr, plan = resolve_natgrad(module, natgrad_lr, elbo, _default_elbo(module), num_steps=num_steps,
-                                       **options)
+                                       batch_fraction=batch_fraction, **options)
     return _positive("natgrad_lr", natgrad_lr, allow_none=True, high=1), plan
 
 
@@ -167,7 +167,6 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
     num_steps = _int("num_steps", num_steps, 0)
     batch_size = _int("batch_size", batch_size, 1)
     lr = _positive("lr", lr)
-    natgrad_lr, plan = _natgrad(module, natgrad_lr, elbo, num_steps, natgrad_options)
     checkpoint_every = _int("checkpoint_every", checkpoint_every, 0)
     seed = _int("seed", seed, 0)
     _check_files(checkpoint, checkpoint_every, resume, num_steps)
@@ -177,6 +176,9 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
     X, y, num_data, dtype, device = _check_data(module, X, y, dataset, loader, num_data)
     if loader is None:
         batch_size = min(batch_size, num_data)
+    batch = batch_size if loader is None else getattr(loader, "batch_size", None)  # a loader's may be unknown
+    fraction = batch / num_data if batch else None
+    natgrad_lr, plan = _natgrad(module, natgrad_lr, elbo, num_steps, fraction, natgrad_options)
     elbo = _default_elbo(module) if elbo is None else elbo
     if elbo != "analytic" and not hasattr(elbo, "differentiable_loss"):
         raise TypeError('elbo must be a Pyro ELBO with differentiable_loss, or "analytic"')

@@ -96,8 +96,9 @@ def test_convgp_sum_models_build_predict_and_train(model):
         sys.path.remove(str(BENCH))
     import pyro_sparsegp as ps
 
+    # --natgrad: tick_rbf's q(u) takes natural steps of 0.1 (the output layer), conv_rbf's Adam (the default)
     args = SimpleNamespace(variance=5.0, lengthscale=1.0, location_lengthscale=3.0, per_centre=5, eval_batch=16,
-                           iters=3, anneal_every=2, lr=0.01, batch=8)
+                           iters=3, anneal_every=2, lr=0.01, batch=8, natgrad=0.1 if model == "tick_rbf" else None)
     X, y = torch.rand(40, 784), torch.randint(0, 10, (40,)).to(torch.get_default_dtype())
     gp, predict = convgp_mnist.build(model, X, 3, args)
     assert isinstance(gp.kernel, ps.SumKernel) and gp.inducing.num_inducing == 6
@@ -105,8 +106,10 @@ def test_convgp_sum_models_build_predict_and_train(model):
     assert probs.shape[-2:] == (5, 10)
     torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]))
     before = [p.Z.detach().clone() for p in gp.inducing.parts]
+    q_before = gp.q_u.u_loc.detach().clone()
     convgp_mnist.train(gp, X, y, args, on_step=lambda it, loss: None)
     assert all(not torch.equal(p.Z.detach(), b) for p, b in zip(gp.inducing.parts, before, strict=True))
+    assert not torch.equal(gp.q_u.u_loc.detach(), q_before)
 
 
 
@@ -125,7 +128,7 @@ def test_convgp_deep_models_follow_table_5(model):
         sys.path.remove(str(BENCH))
 
     args = SimpleNamespace(variance=5.0, lengthscale=1.0, location_lengthscale=3.0, per_centre=5, eval_batch=16,
-                           iters=2, anneal_every=2, lr=0.01, batch=8, particles=1, samples=2)
+                           iters=2, anneal_every=2, lr=0.01, batch=8, particles=1, samples=2, natgrad=None)
     X, y = torch.rand(40, 784), torch.randint(0, 10, (40,)).to(torch.get_default_dtype())
     gp, predict = convgp_mnist.build(model, X, (3, 4), args)
     depth, solve = convgp_mnist.DEEP[model]

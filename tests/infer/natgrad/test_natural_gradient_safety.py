@@ -18,7 +18,7 @@ from pyro_sparsegp.deep import build_deep_gp
 from pyro_sparsegp.infer import NaturalGradient, fit
 from pyro_sparsegp.infer.averaging import IterateAverage
 from pyro_sparsegp.infer.natgrad import NatGradDampingWarning, natgrad_from_grads_
-from pyro_sparsegp.infer.natgrad_options import resolve_natgrad
+from pyro_sparsegp.infer.natgrad_options import AUTO_MIN_BATCH_FRACTION, resolve_natgrad
 from pyro_sparsegp.infer.schedules import LogLinearWarmup, as_schedule
 from pyro_sparsegp.variational import GaussianQ
 
@@ -280,6 +280,32 @@ def test_auto_policy_per_likelihood():
     assert lr is None
     with pytest.raises(ValueError, match="average"):
         resolve_natgrad(gp, "auto", None, "analytic", average=1.5)
+    with pytest.raises(ValueError, match="natgrad_layers"):
+        resolve_natgrad(gp, "auto", None, "analytic", layers="first")
+
+
+def test_auto_policy_small_minibatches_train_non_conjugate_families_with_adam():
+    """Below AUTO_MIN_BATCH_FRACTION of the data per minibatch, "auto" leaves a non-conjugate q(u) to Adam (the
+    noisy natural step trained slower on Fashion-MNIST, natgrad_options' docstring); a Gaussian likelihood keeps its
+    natural steps, and so does a number given explicitly. fit resolves the fraction from batch_size / N."""
+    X, y = _classification("robustmax", N=200)
+    Z = X[:4].clone()
+    small = AUTO_MIN_BATCH_FRACTION * 0.99
+    gp = ps.SVGP(RBF(2), Z, ps.RobustMax(3), num_outputs=3)
+    assert resolve_natgrad(gp, "auto", None, "analytic", batch_fraction=small)[0] is None
+    assert resolve_natgrad(gp, "auto", None, "analytic", batch_fraction=AUTO_MIN_BATCH_FRACTION)[0] == 0.1
+    assert resolve_natgrad(gp, 0.1, None, "analytic", batch_fraction=small)[0] == 0.1
+    conj = ps.SVGP(RBF(2), Z, ps.Gaussian(0.1))
+    assert resolve_natgrad(conj, "auto", None, "analytic", batch_fraction=small)[0] == 0.1
+    # through fit: "auto" trains q(u) exactly as Adam does (natgrad_lr=None) at B = 2 of N = 200, not at B = N
+    def trained(batch, natgrad_lr):
+        pyro.clear_param_store()
+        gp = ps.SVGP(RBF(2), Z, ps.RobustMax(3), num_outputs=3)
+        fit(gp, X, y, num_steps=3, batch_size=batch, lr=0.01, natgrad_lr=natgrad_lr, progress=False)
+        return gp.q_u.u_loc.detach()
+
+    assert torch.equal(trained(2, "auto"), trained(2, None))
+    assert not torch.allclose(trained(200, "auto"), trained(200, None))
     with pytest.raises(ValueError, match="natgrad_layers"):
         resolve_natgrad(gp, "auto", None, "analytic", layers="first")
 
