@@ -21,6 +21,8 @@ Adam lr 0.003 annealed x0.25 every 50K of 300K iterations, patch RBF variance 5 
 lengthscale 3, whitening in single-layer models only, k-means-initialised patches. ``--quick``: MNIST 8k/2k and
 Fashion 8k/2k subsets, M = 100 (deep: 50 hidden / 100 output), 150 iterations at lr 0.01, |B| = 64.
 ``--curve-every K`` adds test accuracy and log-likelihood every K iterations to the log and the JSON (``"curve"``).
+``--test-n 10000`` evaluates the quick runs on all of Fashion-MNIST's test images; ``--save DIR`` keeps each trained
+model's ``state_dict`` (``DIR/DATASET_MODEL.pt``) and ``--init-from DIR`` starts a run from it (to train longer).
 
     python benchmarks/convgp_mnist.py --quick --threads 1 --datasets mnist --iters 2000 --curve-every 500 --json m.json
 
@@ -66,7 +68,9 @@ def data_root() -> Path:
     raise FileNotFoundError("no shared/data directory above this benchmark")
 
 
-def load(name, quick, rng):
+def load(name, quick, rng, test_n=2000):
+    """``(Xtr, ytr, Xte, yte)`` (module docstring); ``quick``: 8,000 training images and ``test_n`` test images
+    (stratified; all 10,000 Fashion-MNIST test images for ``test_n >= 10000``)."""
     DATA = data_root()
     if name == "mnist":
         d = DATA / "mnist" / "gpflow_partial"
@@ -82,7 +86,7 @@ def load(name, quick, rng):
         yte = _idx(d / "t10k-labels-idx1-ubyte.gz").astype(float)
         if quick:  # stratified subsets of the official split
             a, _ = stratified_split(ytr, 8000 / len(ytr), rng)
-            b, _ = stratified_split(yte, 2000 / len(yte), rng)
+            b = stratified_split(yte, test_n / len(yte), rng)[0] if test_n < len(yte) else np.arange(len(yte))
             Xtr, ytr, Xte, yte = Xtr[a], ytr[a], Xte[b], yte[b]
     t = lambda a: torch.tensor(np.asarray(a), dtype=torch.get_default_dtype())  # noqa: E731
     return t(Xtr), t(ytr), t(Xte), t(yte)
@@ -233,6 +237,8 @@ def run(dataset, model, M, data, args):
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     gp, predict = build(model, Xtr, M, args)
+    if args.init_from:  # continue from a saved run's parameters (Adam's moments restart)
+        gp.load_state_dict(torch.load(Path(args.init_from) / f"{dataset}_{model}.pt"))
     N = len(Xtr)
     state = {"mem": 0.0, "losses": [], "t": time.perf_counter(), "eval": 0.0, "curve": []}
 
@@ -253,6 +259,9 @@ def run(dataset, model, M, data, args):
 
     train(gp, Xtr, ytr, args, on_step)
     t_train = time.perf_counter() - state["t"] - state["eval"]
+    if args.save:  # the trained parameters, for a later evaluation or a longer run (--init-from)
+        Path(args.save).mkdir(parents=True, exist_ok=True)
+        torch.save(gp.state_dict(), Path(args.save) / f"{dataset}_{model}.pt")
     t0 = time.perf_counter()
     ll = acc = float("nan")
     if not args.timing_only:
@@ -294,6 +303,9 @@ def main():
     p.add_argument("--timing-only", action="store_true",
                    help="seconds per iteration only: no test evaluation (accuracy and test_ll are NaN)")
     p.add_argument("--float64", action="store_true")
+    p.add_argument("--test-n", type=int, default=2000, help="--quick: test images (10000: all of Fashion-MNIST's)")
+    p.add_argument("--save", default=None, help="folder: each trained model's state_dict, DATASET_MODEL.pt")
+    p.add_argument("--init-from", default=None, help="folder of --save: start each model from its saved parameters")
     p.add_argument("--natgrad", default="none",
                    help="q(u)'s step: 'none' (Adam on every parameter, the paper's recipe), 'auto' (fit's natural-"
                         "gradient policy: positive-definite natural steps on the output layer) or a step length")
@@ -309,7 +321,7 @@ def main():
     args.lr = args.lr or (0.01 if args.quick else 0.003)
     rows = []
     for dataset in args.datasets.split(","):
-        data = load(dataset, args.quick, np.random.default_rng(0))
+        data = load(dataset, args.quick, np.random.default_rng(0), args.test_n)
         print(f"# {dataset}: {len(data[0])} train / {len(data[2])} test images", flush=True)
         for model in (ALIASES.get(m, m) for m in args.models.split(",")):
             m = Md if model in DEEP else {"conv2M": 2 * M, "rbf2M": 2 * M}.get(model, M)

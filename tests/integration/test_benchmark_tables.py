@@ -142,6 +142,35 @@ def test_convgp_deep_models_follow_table_5(model):
     convgp_mnist.train(gp, X, y, args, on_step=lambda it, loss: None)
     assert not torch.equal(gp.hidden[-1].gp.inducing.Z.detach(), before)
 
+def test_convgp_run_saves_and_continues_from_saved_parameters(tmp_path):
+    """benchmarks/convgp_mnist.py --save writes each trained model's state_dict; --init-from starts the same model
+    from it (a longer run continues where the saved one ended)."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import convgp_mnist
+    finally:
+        sys.path.remove(str(BENCH))
+
+    args = SimpleNamespace(variance=5.0, lengthscale=1.0, location_lengthscale=3.0, per_centre=5, eval_batch=16,
+                           iters=2, anneal_every=2, lr=0.01, batch=8, natgrad=None, log_every=1, curve_every=0,
+                           timing_only=True, save=str(tmp_path), init_from=None)
+    X, y = torch.rand(40, 784), torch.randint(0, 10, (40,)).to(torch.get_default_dtype())
+    convgp_mnist.run("fashion", "tick", 3, (X, y, X[:8], y[:8]), args)
+    saved = torch.load(tmp_path / "fashion_tick.pt")
+    args.save, args.init_from = None, str(tmp_path)
+    loaded = {}  # the parameters the second run starts training from (a fresh build would hold the initial ones)
+    real_train = convgp_mnist.train
+    convgp_mnist.train = lambda gp, *a, **k: loaded.update({k_: v.clone() for k_, v in gp.state_dict().items()})
+    try:
+        convgp_mnist.run("fashion", "tick", 3, (X, y, X[:8], y[:8]), args)
+    finally:
+        convgp_mnist.train = real_train
+    assert saved.keys() == loaded.keys()
+    assert all(torch.equal(saved[k], loaded[k]) for k in saved)
+
+
 # linear_operator (GPyTorch's) decorates with the deprecated torch.jit.script at import
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_time_to_accuracy_rows_carry_both_gpytorch_ratios_and_the_curve():
