@@ -285,9 +285,9 @@ def test_auto_policy_per_likelihood():
 
 
 def test_auto_policy_small_minibatches_train_non_conjugate_families_with_adam():
-    """Below AUTO_MIN_BATCH_FRACTION of the data per minibatch, "auto" leaves a non-conjugate q(u) to Adam (the
-    noisy natural step trained slower on Fashion-MNIST, natgrad_options' docstring); a Gaussian likelihood keeps its
-    natural steps, and so does a number given explicitly. fit resolves the fraction from batch_size / N."""
+    """Below AUTO_MIN_BATCH_FRACTION of the data per minibatch, "auto" leaves a robust-max q(u) to Adam (the natural
+    step trained slower on Fashion-MNIST, natgrad_options' docstring); the log-concave likelihoods and a Gaussian keep
+    their natural steps, and so does a number given explicitly. fit resolves the fraction from batch_size / N."""
     X, y = _classification("robustmax", N=200)
     Z = X[:4].clone()
     small = AUTO_MIN_BATCH_FRACTION * 0.99
@@ -295,8 +295,9 @@ def test_auto_policy_small_minibatches_train_non_conjugate_families_with_adam():
     assert resolve_natgrad(gp, "auto", None, "analytic", batch_fraction=small)[0] is None
     assert resolve_natgrad(gp, "auto", None, "analytic", batch_fraction=AUTO_MIN_BATCH_FRACTION)[0] == 0.1
     assert resolve_natgrad(gp, 0.1, None, "analytic", batch_fraction=small)[0] == 0.1
-    conj = ps.SVGP(RBF(2), Z, ps.Gaussian(0.1))
-    assert resolve_natgrad(conj, "auto", None, "analytic", batch_fraction=small)[0] == 0.1
+    for lik, K in ((ps.Gaussian(0.1), None), (ps.Bernoulli(), None), (ps.Softmax(3), 3)):
+        other = ps.SVGP(RBF(2), Z, lik, num_outputs=K)
+        assert resolve_natgrad(other, "auto", None, "analytic", batch_fraction=small)[0] == 0.1
     # through fit: "auto" trains q(u) exactly as Adam does (natgrad_lr=None) at B = 2 of N = 200, not at B = N
     def trained(batch, natgrad_lr):
         pyro.clear_param_store()
