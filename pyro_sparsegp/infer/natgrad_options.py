@@ -18,7 +18,9 @@ The ``"auto"`` policy (measured by ``benchmarks/natgrad_nonconjugate.py``; see :
   TICK at N / B = 125 0.634 (0.770), and no better with steps of 0.03 (0.713) or 0.01 (0.696). The log-concave
   likelihoods gain at small minibatches too: softmax on the same RBF model at N / B = 125 0.807 (0.794), test LL
   -0.542 (-0.583); Bernoulli on a 2-D toy set (3,000 points, M = 20) at N / B = 94, 47 and 12 test LL -0.189,
-  -0.179, -0.173 (-0.202, -0.183, -0.177). Digits (N / B = 1 and 19) gain with either likelihood;
+  -0.179, -0.173 (-0.202, -0.183, -0.177). Digits (N / B = 1 and 19) gain with either likelihood. The one
+  counter-example seen: robust-max with 2 classes on that toy set lost at every size (-0.55, -0.47, -0.41 against
+  -0.26, -0.28, -0.31), so the fraction is a rule of thumb, not a guarantee; ``natgrad_lr=None`` chooses Adam;
 * a Pyro ELBO passed as ``elbo``: natural gradients off (``None``), as before;
 * a deep GP: natural steps on the last layer only (``natgrad_layers="auto"`` is ``"last"``): on kin8nm (DGP 2 and 3,
   1,000 steps, 2 seeds) natural steps on every layer gave a higher training bound (-0.25 against -0.30 and -0.37
