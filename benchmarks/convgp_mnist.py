@@ -306,12 +306,10 @@ def main():
     p.add_argument("--test-n", type=int, default=2000, help="--quick: test images (10000: all of Fashion-MNIST's)")
     p.add_argument("--save", default=None, help="folder: each trained model's state_dict, DATASET_MODEL.pt")
     p.add_argument("--init-from", default=None, help="folder of --save: start each model from its saved parameters")
-    p.add_argument("--natgrad", default="none",
+    p.add_argument("--natgrad", default="none", type=lambda v: None if v == "none" else v if v == "auto" else float(v),
                    help="q(u)'s step: 'none' (Adam on every parameter, the paper's recipe), 'auto' (fit's natural-"
-                        "gradient policy: positive-definite natural steps on the output layer) or a step length")
+                        "gradient policy) or a length (natural steps on the output layer)")
     args = p.parse_args()
-    args.natgrad = {"none": None, "auto": "auto"}.get(args.natgrad, args.natgrad)
-    args.natgrad = float(args.natgrad) if isinstance(args.natgrad, str) and args.natgrad != "auto" else args.natgrad
     setup(args)
     warnings.filterwarnings("ignore", category=UserWarning)
     torch.set_default_dtype(torch.float64 if args.float64 else torch.float32)

@@ -284,7 +284,7 @@ def test_auto_policy_per_likelihood():
         resolve_natgrad(gp, "auto", None, "analytic", layers="first")
 
 
-def test_auto_policy_small_minibatches_train_non_conjugate_families_with_adam():
+def test_auto_policy_small_minibatches_train_robustmax_with_adam():
     """Below AUTO_MIN_BATCH_FRACTION of the data per minibatch, "auto" leaves a robust-max q(u) to Adam (the natural
     step trained slower on Fashion-MNIST, natgrad_options' docstring); the log-concave likelihoods and a Gaussian keep
     their natural steps, and so does a number given explicitly. fit resolves the fraction from batch_size / N."""
