@@ -307,8 +307,6 @@ def test_auto_policy_small_minibatches_train_robustmax_with_adam():
 
     assert torch.equal(trained(2, "auto"), trained(2, None))
     assert not torch.allclose(trained(200, "auto"), trained(200, None))
-    with pytest.raises(ValueError, match="natgrad_layers"):
-        resolve_natgrad(gp, "auto", None, "analytic", layers="first")
 
 
 # -- non-conjugate likelihoods and deep layers under NaturalGradient --------------------------------------------------
