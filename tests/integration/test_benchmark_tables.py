@@ -200,3 +200,25 @@ def test_time_to_accuracy_rows_carry_both_gpytorch_ratios_and_the_curve():
         assert r["nlpd"] == -r["test_ll"] and len(r["curve"]) == len(runs[r["model"]].points) >= 2
         assert all(len(p) == 2 for p in r["curve"]) and r["curve"][-1][1] == r["test_ll"]
     assert rows[0]["ratio_ngd"] == 1.0 and rows[1]["ratio_adam"] == 1.0 and rows[0]["ratio_stay_ngd"] == 1.0
+
+
+def test_natgrad_dgp_rows_run_the_chosen_methods():
+    """benchmarks/natgrad_nonconjugate.py --part dgp --dgp-methods: a few steps of DGP 2 on kin8nm with natural steps
+    on every layer, with and without the iterate average; the rows are the methods asked for, and the average
+    (the same trajectory, the last steps averaged) changes the model."""
+    import argparse
+    import math
+
+    import pyro
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import natgrad_nonconjugate as nn
+    finally:
+        sys.path.remove(str(BENCH))
+    pyro.settings.set(module_local_params=True)
+    args = argparse.Namespace(dgp_models=["dgp2"], dgp_seeds=[0], dgp_steps=6, dgp_methods=["nat_all", "nat_all_avg"])
+    rows = nn.kin8nm_rows(args)
+    assert [r["method"] for r in rows] == ["nat_all", "nat_all_avg"]
+    assert all(r["failure"] == "" and math.isfinite(r["test_ll"]) for r in rows)
+    assert rows[0]["train_elbo"] != rows[1]["train_elbo"]
