@@ -39,6 +39,7 @@ Rows: ``{"dataset", "model", "M", "accuracy", "test_ll", "s_per_iter"}``; the ta
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 import warnings
@@ -283,6 +284,19 @@ def run(dataset, model, M, data, args):
             "curve": state["curve"]}
 
 
+def _natgrad_arg(v: str):
+    """``--natgrad``: ``None`` for "none", "auto", or a step length in (0, 1]."""
+    if v in ("none", "auto"):
+        return None if v == "none" else v
+    try:
+        length = float(v)
+    except ValueError:
+        length = float("nan")
+    if not 0.0 < length <= 1.0:
+        raise argparse.ArgumentTypeError(f"--natgrad takes 'none', 'auto' or a step length in (0, 1], got {v!r}")
+    return length
+
+
 def main():
     p = parser(__doc__)
     p.add_argument("--datasets", default="mnist,fashion")
@@ -312,7 +326,7 @@ def main():
     p.add_argument("--test-n", type=int, default=2000, help="--quick: test images (10000: all of Fashion-MNIST's)")
     p.add_argument("--save", default=None, help="folder: each trained model's state_dict, DATASET_MODEL.pt")
     p.add_argument("--init-from", default=None, help="folder of --save: start each model from its saved parameters")
-    p.add_argument("--natgrad", default="none", type=lambda v: None if v == "none" else v if v == "auto" else float(v),
+    p.add_argument("--natgrad", default="none", type=_natgrad_arg,
                    help="q(u)'s step: 'none' (Adam on every parameter, the paper's recipe), 'auto' (fit's natural-"
                         "gradient policy) or a length (natural steps on the output layer)")
     args = p.parse_args()

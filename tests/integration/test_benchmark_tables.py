@@ -11,14 +11,21 @@ import torch
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-@pytest.fixture(scope="module")
-def uci():
+def _bench(name: str):
+    """The benchmark script ``benchmarks/NAME.py`` imported as a module (its folder on ``sys.path`` while importing,
+    for its ``_common`` import)."""
+    import importlib
+
     sys.path.insert(0, str(BENCH))
     try:
-        import deepgp_uci
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCH))
-    return deepgp_uci
+
+
+@pytest.fixture(scope="module")
+def uci():
+    return _bench("deepgp_uci")
 
 
 def _row(model, split, ll, elbo=None):
@@ -89,11 +96,7 @@ def test_convgp_sum_models_build_predict_and_train(model):
     probabilities, and a few steps of the benchmark's training loop move both inducing sets."""
     from types import SimpleNamespace
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        import convgp_mnist
-    finally:
-        sys.path.remove(str(BENCH))
+    convgp_mnist = _bench("convgp_mnist")
     import pyro_sparsegp as ps
 
     # --natgrad: tick_rbf's q(u) takes natural steps of 0.1 (the output layer), conv_rbf's Adam (the default)
@@ -121,11 +124,7 @@ def test_convgp_deep_models_follow_table_5(model):
     benchmark's loop trains the deepest hidden layer."""
     from types import SimpleNamespace
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        import convgp_mnist
-    finally:
-        sys.path.remove(str(BENCH))
+    convgp_mnist = _bench("convgp_mnist")
 
     args = SimpleNamespace(variance=5.0, lengthscale=1.0, location_lengthscale=3.0, per_centre=5, eval_batch=16,
                            iters=2, anneal_every=2, lr=0.01, batch=8, particles=1, samples=2, natgrad=None)
@@ -147,11 +146,7 @@ def test_convgp_run_saves_and_continues_from_saved_parameters(tmp_path):
     from it (a longer run continues where the saved one ended)."""
     from types import SimpleNamespace
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        import convgp_mnist
-    finally:
-        sys.path.remove(str(BENCH))
+    convgp_mnist = _bench("convgp_mnist")
 
     args = SimpleNamespace(variance=5.0, lengthscale=1.0, location_lengthscale=3.0, per_centre=5, eval_batch=16,
                            iters=2, anneal_every=2, lr=0.01, batch=8, natgrad=None, log_every=1, curve_every=0,
@@ -179,11 +174,7 @@ def test_time_to_accuracy_rows_carry_both_gpytorch_ratios_and_the_curve():
     import pyro
 
     pytest.importorskip("gpytorch")
-    sys.path.insert(0, str(BENCH))
-    try:
-        import time_to_accuracy as tta
-    finally:
-        sys.path.remove(str(BENCH))
+    tta = _bench("time_to_accuracy")
     pyro.settings.set(module_local_params=True)
     torch.manual_seed(0)
     X, Xt = torch.randn(300, 2), torch.randn(50, 2)
@@ -211,11 +202,7 @@ def test_natgrad_dgp_rows_run_the_chosen_methods():
 
     import pyro
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        import natgrad_nonconjugate as nn
-    finally:
-        sys.path.remove(str(BENCH))
+    nn = _bench("natgrad_nonconjugate")
     pyro.settings.set(module_local_params=True)
     args = argparse.Namespace(dgp_models=["dgp2"], dgp_seeds=[0], dgp_steps=6, dgp_methods=["nat_all", "nat_all_avg"])
     rows = nn.kin8nm_rows(args)
