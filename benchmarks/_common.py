@@ -17,6 +17,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a reduced run that finishes in under two minutes")
     p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list of flat objects")
     p.add_argument("--threads", type=int, default=machine_cores(), help="torch threads (default: all cores)")
+    p.add_argument("--device", default="cpu", help="torch's default device for the run (e.g. cuda)")
     return p
 
 
@@ -26,7 +27,11 @@ def setup(args) -> None:
     # every model keeps its own parameters (Pyro's global store would share same-named ones between models)
     pyro.settings.set(module_local_params=True)
     torch.set_num_threads(args.threads)
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu")
+    device = torch.device(args.device)  # a malformed name fails here
+    if device.type != "cpu":  # factory functions and torch.tensor(numpy) follow it (on the CPU the default-device
+        torch.set_default_device(device)  # mode would only add overhead)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, device {device} {name}".rstrip())
 
 
 def time_alternating(fns: dict, repeats: int, warmup: int = 2) -> dict:

@@ -195,14 +195,10 @@ def main():
                    "without natural gradients")
     p.add_argument("--max-test", type=int, default=20000, help="evaluate on a random subset (seed 0) of this many "
                    "test points where the test set is larger (flights); 0: all")
-    p.add_argument("--device", default="cpu", help="e.g. cuda: everything (data, both libraries) on that device")
     args = p.parse_args()
-    setup(args)
+    setup(args)  # --device: everything (data, both libraries) on that device
     global DEVICE
     DEVICE = torch.device(args.device)
-    if DEVICE.type != "cpu":  # (on the CPU the default-device mode would only add overhead to both sides)
-        torch.set_default_device(DEVICE)
-    print(f"# running on {DEVICE}")
     print(machine_note(torch.get_num_threads()))
     warnings.filterwarnings("ignore")
     datasets = (args.datasets or ("protein" if args.quick else "protein,keggdirected,elevators,flights")).split(",")

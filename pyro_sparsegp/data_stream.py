@@ -93,7 +93,7 @@ class MemmapDataset:
 def write_npy(path, X, y, chunk: int = 1_000_000) -> None:
     """Write ``[X | y]`` (``X [N, D]``, ``y [N]``, tensors or arrays) to ``path`` as a float ``.npy`` file, in
     chunks of rows through a memory map (so the data can be produced and written piecewise)."""
-    X, y = np.asarray(X), np.asarray(y)
+    X, y = (np.asarray(a.detach().cpu() if isinstance(a, torch.Tensor) else a) for a in (X, y))  # GPU tensors too
     dtype = np.result_type(X.dtype, y.dtype, np.float32)
     out = np.lib.format.open_memmap(os.fspath(path), mode="w+", dtype=dtype, shape=(X.shape[0], X.shape[1] + 1))
     for s in range(0, X.shape[0], chunk):

@@ -25,7 +25,9 @@ def init_inducing(X: torch.Tensor, M: int, method: str = "kmeans", seed: int = 0
     N = X.shape[0]
     g = torch.Generator().manual_seed(seed)
     if method == "random" or M >= N:
-        idx = torch.randperm(N, generator=g)[:M] if M <= N else torch.randint(N, (M,), generator=g)
+        cpu = {"generator": g, "device": "cpu"}  # the generator's device, whatever torch's default device
+        idx = torch.randperm(N, **cpu)[:M] if M <= N else torch.randint(N, (M,), **cpu)
+        idx = idx.to(X.device)
         return X[idx].detach().clone()
     if method != "kmeans":
         raise ValueError(f"method must be 'kmeans' or 'random', got {method!r}")

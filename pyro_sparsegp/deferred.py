@@ -15,13 +15,15 @@ the CPU) the checks that guard a training step do not read anything back:
   whole ``X, y`` once before the first step, and a non-finite batch from a ``dataset``/``loader`` gives a non-finite
   loss, which ``fit``'s guard names;
 * torch's distributions skip their argument validation (their arguments are computed by the package);
-* the natural-gradient damping (:func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`) turns a failed
-  factorisation into a NaN update, which ``fit``'s guard catches.
+* a natural-gradient step that needs damping (:func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`:
+  its new precision has no Cholesky factor) records that in a device flag and leaves that output's q as it was (the
+  window is redone) instead of halving the step with host reads.
 
 ``fit`` reads the flags with the losses, every ``sync_every`` steps. A window with a flag set is **redone**: the
 parameters go back to the copy taken at its start, the jitter is raised tenfold (a
 :class:`~pyro_sparsegp.linalg.CholeskyJitterWarning`, as the immediate escalation reports) or the kernels switch to
-the exact differences for the rest of the run, and the window's steps run again on the same minibatches (a
+the exact differences for the rest of the run, or the natural-gradient steps damp at once (with host reads) for the
+rest of the run, as they do on the CPU, and the window's steps run again on the same minibatches (a
 ``loader`` continues with its next batches; Adam's moments keep the discarded steps). So no step that used a failed
 factor or an inexact kernel survives, and the only reads are ``fit``'s own, at its sync points.
 """
@@ -41,19 +43,22 @@ class DeferredChecks:
     """Device flags of the checks deferred to ``fit``'s sync points, and the run-level remedies they lead to.
 
     :param device: where the flags live (the module's device).
-    :ivar flags: ``[2]`` float tensor on ``device``: ``flags[0] > 0`` if a Cholesky factorisation failed,
-        ``flags[1] > 0`` if a kernel took the inexact product form, since the last :meth:`reset`.
+    :ivar flags: ``[3]`` float tensor on ``device``: ``flags[0] > 0`` if a Cholesky factorisation failed,
+        ``flags[1] > 0`` if a kernel took the inexact product form, ``flags[2] > 0`` if a natural-gradient step
+        needed damping, since the last :meth:`reset`.
     :ivar float jitter_scale: multiplies :func:`~pyro_sparsegp.linalg.cholesky`'s base jitter (raised tenfold per
         failed window).
     :ivar bool exact_kernels: every kernel evaluation takes the exact differences.
+    :ivar bool damp_at_once: natural-gradient steps damp with host reads, as on the CPU.
     """
 
-    CHOLESKY, INEXACT = 0, 1
+    CHOLESKY, INEXACT, DAMPING = 0, 1, 2
 
     def __init__(self, device):
-        self.flags = torch.zeros(2, device=device)
+        self.flags = torch.zeros(3, device=device)
         self.jitter_scale = 1.0
         self.exact_kernels = False
+        self.damp_at_once = False
 
     @torch.no_grad()
     def record(self, which: int, failed: torch.Tensor) -> None:
@@ -62,7 +67,7 @@ class DeferredChecks:
         torch.maximum(flag, failed.detach().any().reshape(1).to(flag), out=flag)
 
     def reset(self) -> None:
-        """Clear both flags (on the device; no host read); ``flags`` keeps its shape ``[2]``."""
+        """Clear the flags (on the device; no host read); ``flags`` keeps its shape ``[3]``."""
         self.flags.zero_()
 
 

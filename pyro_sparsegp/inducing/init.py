@@ -18,7 +18,8 @@ def kmeans(X: torch.Tensor, k: int, iters: int = 15, generator: torch.Generator 
     changes its cluster: the later rounds would change nothing). An empty cluster keeps its previous centre."""
     if k > X.shape[0]:
         raise ValueError(f"k = {k} centres need at least as many points, got N = {X.shape[0]}")
-    C = X[torch.randperm(X.shape[0], generator=generator)[:k].to(X.device)].clone()
+    device = generator.device if generator is not None else X.device  # a generator draws on its own device
+    C = X[torch.randperm(X.shape[0], generator=generator, device=device)[:k].to(X.device)].clone()
     x2 = X.pow(2).sum(-1, keepdim=True)
     assign = None
     for _ in range(iters):
@@ -46,10 +47,10 @@ def init_patches(
     """Inducing patches ``[M, d]``: k-means centres of ``M * per_centre`` patches drawn from ``num_images`` random
     images of ``X`` ``[N, H*W*C]`` (Shi et al. 2020, app. G.2: ``M x 100`` patches from 1K images)."""
     g = torch.Generator().manual_seed(seed)
-    imgs = X[torch.randperm(X.shape[0], generator=g)[:num_images]]
+    imgs = X[torch.randperm(X.shape[0], generator=g, device="cpu")[:num_images].to(X.device)]
     P = patches(imgs, image_shape, patch_size, stride, channels_as_patches)  # [n, P, d]
     P = P.reshape(-1, P.shape[-1])
-    pool = P[torch.randperm(P.shape[0], generator=g)[: M * per_centre]]
+    pool = P[torch.randperm(P.shape[0], generator=g, device="cpu")[: M * per_centre].to(P.device)]
     # a little jitter keeps identical (e.g. all-zero background) centres apart, so Kuu stays well conditioned
     C = kmeans(pool, M, generator=g)
-    return C + 1e-3 * torch.randn(C.shape, generator=g, dtype=C.dtype).to(C.device)
+    return C + 1e-3 * torch.randn(C.shape, generator=g, dtype=C.dtype, device="cpu").to(C.device)

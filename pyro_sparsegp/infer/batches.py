@@ -20,7 +20,7 @@ _M1, _P = np.uint64(1540483477), np.uint64(4294967291)  # odd multiplier < 2^31,
 
 def _round_keys(seed: int, epoch: int, rounds: int = 4) -> list:
     g = torch.Generator().manual_seed(seed * 100003 + epoch)
-    return torch.randint(0, 2**31 - 1, (rounds,), generator=g).tolist()
+    return torch.randint(0, 2**31 - 1, (rounds,), generator=g, device="cpu").tolist()
 
 
 def permute_positions(pos, n: int, keys: list) -> torch.Tensor:

@@ -239,13 +239,13 @@ def fit_ep(
     params = params if learn_hyperparameters else []
     opt = (torch.optim.Adam(params, lr=lr, maximize=True) if batch else _SignAdaptive(params)) if params else None
     gen = torch.Generator().manual_seed(seed)
-    order = torch.randperm(N, generator=gen)
+    order = torch.randperm(N, generator=gen, device="cpu")
     pos = 0
     for it in range(num_iters):
         t0 = time.perf_counter()
         if batch:
             if pos + batch_size > N:
-                order, pos = torch.randperm(N, generator=gen), 0
+                order, pos = torch.randperm(N, generator=gen, device="cpu"), 0
             idx = order[pos : pos + batch_size]
             pos += batch_size
         else:

@@ -209,6 +209,7 @@ def _guarded_step(step: int, source: BatchSource, trainer: TrainingStep, guard: 
         loss = trainer.gradients(Xb, yb, guard.context)
         guard.record(step, loss, trainer.grads())
         trainer.update(yb, guard.context, step)
+        guard.after_update()
         trainer.plan.after_step(step)  # the iterate average (``average``)
     except (NonFiniteLossError, _Redo):
         raise

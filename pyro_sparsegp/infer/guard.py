@@ -105,9 +105,10 @@ class _Snapshots:
 class _Redo(Exception):
     """A sync found a deferred check's flag raised in the window (``pyro_sparsegp.deferred``): redo the window."""
 
-    def __init__(self, cholesky: bool, inexact: bool):
-        super().__init__(f"redo the window (failed factorisation: {cholesky}, inexact kernel: {inexact})")
-        self.cholesky, self.inexact = cholesky, inexact
+    def __init__(self, cholesky: bool, inexact: bool, damping: bool = False):
+        super().__init__(f"redo the window (failed factorisation: {cholesky}, inexact kernel: {inexact}, "
+                         f"natural step to damp: {damping})")
+        self.cholesky, self.inexact, self.damping = cholesky, inexact, damping
 
 
 def deferred_checks_for(module, device, y=None, on_cpu: bool = False) -> DeferredChecks | None:
@@ -129,7 +130,8 @@ class StepGuard:
     leads to (module docstring). ``checks``: the run's deferred checks, or ``None``.
 
     Per step: :meth:`begin`, the forward and backward passes under :attr:`context`, :meth:`record`, the update under
-    :attr:`context`; :meth:`numerical_failure` for a numerical exception; :meth:`redo` on ``_Redo``."""
+    :attr:`context`, :meth:`after_update`; :meth:`numerical_failure` for a numerical exception; :meth:`redo` on
+    ``_Redo``."""
 
     def __init__(self, module, optimizer, state, checks, *, sync_every: int, num_steps: int, world_size: int = 1,
                  dtype=None, device=None, report=None, plan=None):
@@ -140,6 +142,7 @@ class StepGuard:
         self.snaps = _Snapshots(module)
         self.window_start = state.step
         self.pending = []  # per step since the last sync: [loss, check] (and the deferred flags so far), on the device
+        self.due = False  # deferred checks: the window is full; it syncs after this step's update (after_update)
         self.optimizer_copy = None
         self.zero = torch.zeros((), dtype=dtype, device=device)
 
@@ -162,6 +165,19 @@ class StepGuard:
         row = torch.stack([loss.detach(), check])
         self.pending.append(row if self.checks is None else torch.cat([row, self.checks.flags.to(row.dtype)]))
         if self.sync_every == 1 or (step + 1 - self.window_start) % self.sync_every == 0 or step + 1 == self.num_steps:
+            if self.checks is None:
+                self.check()
+            else:  # the flags that the window's last update raises belong to this window (its start is clean)
+                self.due = True
+
+    def after_update(self) -> None:
+        """After a step's update: with deferred checks, a full window folds the flags that the update raised (a
+        natural step to damp, a failed factorisation) into its last row and syncs (the CPU syncs in
+        :meth:`record`, before the update)."""
+        if self.due:
+            self.due = False
+            last = self.pending[-1]
+            self.pending[-1] = torch.cat([last[:2], torch.maximum(last[2:], self.checks.flags.to(last.dtype))])
             self.check()
 
     def _sync(self):
@@ -176,10 +192,10 @@ class StepGuard:
         self.pending = []
         bad = next((i for i, row in enumerate(vals) if not (math.isfinite(row[0]) and math.isfinite(row[1]))), None)
         if self.checks is not None:
-            flagged = next((i for i, row in enumerate(vals) if row[2] > 0 or row[3] > 0), None)
+            flagged = next((i for i, row in enumerate(vals) if any(f > 0 for f in row[2:])), None)
             if flagged is not None and (bad is None or flagged <= bad):  # else the non-finite loss came first
-                row = vals[-1]
-                raise _Redo(row[2 + self.checks.CHOLESKY] > 0, row[2 + self.checks.INEXACT] > 0)
+                row, c = vals[-1], self.checks
+                raise _Redo(row[2 + c.CHOLESKY] > 0, row[2 + c.INEXACT] > 0, row[2 + c.DAMPING] > 0)
         if bad is not None:
             self.state.losses.extend(row[0] for row in vals[:bad])
             return bad, vals[bad][0]
@@ -195,6 +211,7 @@ class StepGuard:
     def check(self, exc=None) -> None:
         """Sync; on a bad loss in the window, restore the last good parameters and raise
         :class:`NonFiniteLossError`."""
+        self.due = False
         bad = self._sync()
         if bad is not None:
             i, value = bad
@@ -218,7 +235,7 @@ class StepGuard:
         """A window whose steps used a failed factorisation or an inexact kernel: back to its start, with the remedy
         (pyro_sparsegp.deferred); returns the step to continue from (the batches replay from there)."""
         checks, start = self.checks, self.window_start
-        self.pending = []
+        self.pending, self.due = [], False
         self.snaps.restore(start)
         if self.plan is not None:  # the window's steps leave the iterate average
             self.plan.rewind()
@@ -236,4 +253,6 @@ class StepGuard:
                        f"{checks.jitter_scale:.0e} times the base for the rest of the run", CholeskyJitterWarning)
         if redo_exc.inexact:
             checks.exact_kernels = True
+        if redo_exc.damping:  # the halving needs host reads: a NatGradDampingWarning reports it, as on the CPU
+            checks.damp_at_once = True
         return start

@@ -43,7 +43,7 @@ def rbf(A, B, var=1.3, ls=0.7):
 
 def problem(seed, batch=(), dtype=torch.float64):
     """Kernel matrices (as keyword arguments), targets and the full Kff of a random 2-d regression problem."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     X = torch.rand(batch + (N, DIM), generator=g, dtype=dtype) * 4 - 2
     Z = torch.rand(batch + (M, DIM), generator=g, dtype=dtype) * 4 - 2
     O = torch.rand(batch + (M2, DIM), generator=g, dtype=dtype) * 4 - 2
@@ -62,7 +62,7 @@ def problem(seed, batch=(), dtype=torch.float64):
 
 def q_params(seed, batch=(), dtype=torch.float64):
     """Random (m_u, L_u, m_v, L_v), lower-triangular scales with positive diagonals."""
-    g = torch.Generator().manual_seed(1000 + seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(1000 + seed)
 
     def tril(k, off, diag):
         L = torch.tril(off * torch.randn(batch + (k, k), generator=g, dtype=dtype), -1)
@@ -232,7 +232,7 @@ def test_eq9_is_eq8_at_the_optimal_q_u_and_dominates_eq8(seed):
     m_opt, S_opt = optimal_qu_dense(y - shift, NOISE, K["Kuu"], K["Kuf"])
     eq8_opt = solvegp_elbo(y, gaussian_elp, **K, m_u=m_opt, L_u=chol(S_opt), m_v=m_v, L_v=L_v, **J)
     close(eq9, eq8_opt)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     for _ in range(5):  # arbitrary q(u), and small perturbations of the optimum
         assert solvegp_elbo(y, gaussian_elp, **K, m_u=m_u, L_u=L_u, m_v=m_v, L_v=L_v, **J) < eq9
         dm = 1e-3 * torch.randn(M, generator=g)
@@ -474,7 +474,7 @@ def test_solvegp_module_analytic_elbo_uses_the_same_parameterisation(whiten):
 
     import pyro_sparsegp as ps
 
-    g = torch.Generator().manual_seed(13)
+    g = torch.Generator(torch.get_default_device()).manual_seed(13)
     X, Z, O = (torch.rand(n, DIM, generator=g) * 4 - 2 for n in (N, M, M2))
     y = torch.sin(2 * X[:, 0]) + 0.3 * torch.randn(N, generator=g)
     k = RBF(DIM, variance=torch.tensor(1.3), lengthscale=torch.tensor(0.7))

@@ -26,7 +26,7 @@ def _tol():
 
 def _powerplant(n=256, seed=0):
     data = ps.datasets.load_powerplant()
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     idx = torch.randperm(len(data.X_train), generator=g)[:n]
     X, Xt, _, _ = ps.datasets.standardize(data.X_train[idx], data.X_test[:64])
     y, yt, _, _ = ps.datasets.standardize(data.y_train[idx], data.y_test[:64])

@@ -27,7 +27,7 @@ def test_pca_projection_spans_the_leading_eigenvectors():
     P = FixedProjection.from_pca(X, 3)
     assert P.W.shape == (5, 3) and not list(P.parameters())  # a buffer, never trained
     torch.testing.assert_close(P.W.mT @ P.W, torch.eye(3))
-    evals, evecs = np.linalg.eigh((X.mT @ X).numpy())  # independent: eigenvectors of X^T X (uncentred)
+    evals, evecs = np.linalg.eigh((X.mT @ X).cpu().numpy())  # independent: eigenvectors of X^T X (uncentred)
     top = torch.as_tensor(evecs[:, ::-1][:, :3].copy())
     torch.testing.assert_close((top.mT @ P.W).abs(), torch.eye(3), atol=1e-5, rtol=0)  # equal up to sign
     with pytest.raises(ValueError, match="zero_padding"):

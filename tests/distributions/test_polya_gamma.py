@@ -53,7 +53,7 @@ def _our_cdf(d):
     """CDF of ``d`` by cumulative Simpson integration of our density on a fine grid (vectorised)."""
     m, s = d.mean.item(), d.variance.sqrt().item()
     grid = np.unique(np.concatenate([[0.0], np.geomspace(1e-5, m, 20_001), np.linspace(m, m + 30 * s, 40_001)]))
-    p = np.concatenate([[0.0], d.log_prob(torch.tensor(grid[1:], dtype=F64)).exp().numpy()])
+    p = np.concatenate([[0.0], d.log_prob(torch.tensor(grid[1:], dtype=F64)).exp().cpu().numpy()])
     cdf = integrate.cumulative_simpson(p, x=grid, initial=0.0)
     assert abs(cdf[-1] - 1) < 1e-8
     return lambda v: np.interp(v, grid, cdf, right=1.0)
@@ -138,7 +138,7 @@ def test_moments_are_stable_near_zero_and_for_large_c(dtype):
 
 @pytest.mark.parametrize("b,c", [(1, 0.0), (1, 3.0), (2, -1.0), (5, 0.5)], ids=str)
 def test_samples_agree_with_the_polyagamma_package(b, c):
-    x = _pg(b, c).sample((20_000,)).numpy()
+    x = _pg(b, c).sample((20_000,)).cpu().numpy()
     ref = polyagamma.random_polyagamma(h=b, z=c, size=20_000, random_state=np.random.default_rng(12345))
     assert stats.ks_2samp(x, ref).pvalue > 1e-3
 
@@ -147,7 +147,7 @@ def test_samples_agree_with_the_polyagamma_package(b, c):
 def test_samples_agree_with_our_cdf(b, c):
     """One-sample KS against the CDF of our density; c = 1.5625 is the switch 1/z = t of the proposal."""
     d = _pg(b, c)
-    x = d.sample((50_000,)).numpy()
+    x = d.sample((50_000,)).cpu().numpy()
     assert stats.kstest(x, _our_cdf(d)).pvalue > 1e-3
 
 
@@ -155,7 +155,7 @@ def test_float32_samples_agree_with_our_cdf():
     d64 = _pg(1, 2.0)
     x = _pg(1, 2.0, dtype=torch.float32).sample((50_000,))
     assert x.dtype == torch.float32
-    assert stats.kstest(x.double().numpy(), _our_cdf(d64)).pvalue > 1e-3
+    assert stats.kstest(x.double().cpu().numpy(), _our_cdf(d64)).pvalue > 1e-3
 
 
 def test_sampler_with_mixed_b_in_one_batch():
@@ -182,7 +182,7 @@ def test_density_integrates_to_one(b, c):
 def test_density_matches_the_polyagamma_package_pdf(b, c):
     d = _pg(b, c)
     xs = np.linspace(0.02, 3.0, 60)
-    ours = d.log_prob(torch.tensor(xs, dtype=F64)).exp().numpy()
+    ours = d.log_prob(torch.tensor(xs, dtype=F64)).exp().cpu().numpy()
     ref = polyagamma.polyagamma_pdf(xs, h=b, z=c)
     shown = ref > 1e-8 * ref.max()
     assert shown.sum() >= 5

@@ -26,7 +26,7 @@ def defer_on_cpu(monkeypatch):
 
 
 def _data(N=120, D=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     X = torch.randn(N, D, generator=g).to(torch.get_default_dtype())
     return X, torch.sin(2 * X[:, 0]) + 0.1 * torch.randn(N, generator=g).to(X.dtype)
 
@@ -176,3 +176,44 @@ def test_a_non_finite_loss_is_still_named_in_deferred_mode(defer_on_cpu):
 
     with pytest.raises(ps.infer.NonFiniteLossError, match="step"):
         ps.infer.fit(gp, dataset=Bad(), num_steps=8, batch_size=40, progress=False, sync_every=4)
+
+
+@pytest.mark.float64
+def test_a_natural_step_to_damp_redoes_the_window_with_damping_at_once(monkeypatch):
+    """A natural-gradient step whose new precision has no Cholesky factor (here: the first factorisation of step 5,
+    in every pass) is halved at once on the CPU. With deferred checks it is flagged instead, its window (steps 4-7)
+    is redone with the halving's host reads switched on for the rest of the run, and the run equals the immediate
+    one, the NatGradDampingWarning included (on a GPU this step used to end the run with a NonFiniteLossError)."""
+    from pyro_sparsegp.infer.natgrad import NatGradDampingWarning
+
+    real, current = torch.linalg.cholesky_ex, {"step": -1, "calls": 0}
+    begin = FIT.StepGuard.begin
+
+    def tracked_begin(self, step):
+        current["step"], current["calls"] = step, 0
+        return begin(self, step)
+
+    def flaky(A, *args, **kwargs):  # the natural step's own factorisation (natgrad_from_grads_'s ``factor``)
+        L, info = real(A, *args, **kwargs)
+        if traceback.extract_stack()[-2].name == "factor" and current["step"] == 5:
+            current["calls"] += 1
+            if current["calls"] == 1:
+                return torch.full_like(L, float("nan")), torch.ones_like(info)
+        return L, info
+
+    monkeypatch.setattr(FIT.StepGuard, "begin", tracked_begin)
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", flaky)
+    X, y = _data()
+    runs = []
+    for defer in (False, True):
+        monkeypatch.setattr(FIT, "_DEFER_ON_CPU", defer)
+        reset_warnings()
+        gp, yy = _module("bernoulli", X, y)
+        with pytest.warns(NatGradDampingWarning, match="shortened to 0.25"):
+            state = ps.infer.fit(gp, X, yy, num_steps=12, batch_size=40, progress=False, sync_every=4,
+                                 natgrad_lr=0.5)
+        runs.append((state.losses, [p.detach().clone() for p in gp.parameters()]))
+    assert len(runs[1][0]) == 12
+    torch.testing.assert_close(torch.tensor(runs[1][0]), torch.tensor(runs[0][0]), rtol=1e-8, atol=1e-8)
+    for a, b in zip(runs[1][1], runs[0][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-8)

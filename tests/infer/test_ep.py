@@ -21,7 +21,7 @@ Phi = torch.special.ndtr
 
 
 def _problem(N=8, K=3, M=3, D=2, noise=0.3, whiten=False, seed=0, far_last=False):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     X = torch.randn(N, D, generator=g)
     y = torch.arange(N) % K
     X = X + 0.8 * torch.nn.functional.one_hot(y, K)[:, :D].to(X.dtype)  # some class structure
@@ -121,7 +121,7 @@ def _dense_ep(gp, X, y, iters=300, damping=0.5):
 @pytest.mark.float64
 def test_refine_matches_monte_carlo_tilted_moments():
     """Sec. 3's (C1, C2) = q_new / q_cav of the class marginals of the tilted distribution, by 2e6 draws."""
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator(torch.get_default_device()).manual_seed(1)
     mu_a, v_a, mu_k, v_k, d_a, d_k = torch.tensor([0.3, 0.7, -0.2, 0.4, 0.1, 0.25])
     (C1y, C2y, C1c, C2c), ok, logZ = ep_refine(mu_a, v_a, mu_k, v_k, d_a, d_k)
     assert ok
@@ -276,7 +276,7 @@ def test_updates_never_leave_a_non_positive_precision():
     _, ok, _ = ep_refine(torch.tensor(1.0), torch.tensor(0.1), torch.tensor(0.0), torch.tensor(0.1),
                          torch.tensor(-0.5), torch.tensor(0.0))
     assert not ok
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator(torch.get_default_device()).manual_seed(3)
     X = torch.cat([torch.zeros(6, 2), torch.randn(10, 2, generator=g)])
     y = torch.tensor([0, 1, 2, 0, 1, 2] + [0, 1] * 5, dtype=X.dtype)
     gp = ps.SVGP(RBF(2, lengthscale=torch.tensor(0.5), variance=torch.tensor(5.0)), X[4:10].expand(3, 6, 2).clone(),
@@ -312,7 +312,7 @@ def test_updates_never_leave_a_non_positive_precision():
 def test_predict_is_eq11_in_both_parameterisations():
     """``predict`` after EP is eq. 11 (dense), and whitened and unwhitened modules predict the same."""
     outs = []
-    Xs = torch.randn(5, 2, generator=torch.Generator().manual_seed(5))
+    Xs = torch.randn(5, 2, generator=torch.Generator(torch.get_default_device()).manual_seed(5))
     for whiten in (False, True):
         gp, X, y = _problem(whiten=whiten)
         fit_ep(gp, X, y, num_iters=60, learn_hyperparameters=False)

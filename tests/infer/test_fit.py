@@ -88,7 +88,7 @@ def test_a_custom_pyro_module_trains_with_a_pyro_elbo():
 def test_fit_accepts_a_dataloader_and_shows_progress(capsys):
     X, y = _data()
     gp = _gp()
-    loader = DataLoader(TensorDataset(X, y), batch_size=50, shuffle=True)
+    loader = DataLoader(TensorDataset(X, y), batch_size=50, shuffle=True, generator=torch.Generator(X.device))
     state = fit(gp, loader=loader, num_data=len(X), num_steps=20, progress=True)
     assert state.step == 20
     err = capsys.readouterr().err
@@ -104,7 +104,7 @@ def test_tensors_arrays_lists_datasets_and_memmaps_give_the_same_run(tmp_path):
     path = tmp_path / "data.npy"
     write_npy(path, X, y)
     sources = [
-        dict(X=X.numpy(), y=y.numpy()),
+        dict(X=X.cpu().numpy(), y=y.cpu().numpy()),
         dict(X=X.tolist(), y=y.tolist()),
         dict(dataset=TensorDataset(X, y)),
         dict(dataset=MemmapDataset(path)),
@@ -147,8 +147,8 @@ def test_non_finite_loss_stops_with_the_step_and_restores_the_last_finite_state(
             with torch.no_grad():
                 gp.q_u.u_loc_unconstrained[0] = float("nan")
 
-    with pytest.raises(NonFiniteLossError, match="step 5") as info:
-        fit(gp, X, y, num_steps=50, batch_size=64, progress=False, callback=corrupt)
+    with pytest.raises(NonFiniteLossError, match="step 5") as info:  # sync_every=1: a callback at every step, also
+        fit(gp, X, y, num_steps=50, batch_size=64, progress=False, callback=corrupt, sync_every=1)  # on a GPU
     assert info.value.step == 5 and info.value.restored_step == 4
     assert len(info.value.state.losses) == 5
     # restored to the parameters at which the step-4 loss was computed (those after step 3's update)
@@ -224,7 +224,7 @@ def test_the_sampler_visits_every_point_once_per_epoch_in_memory_independent_of_
 
     for n in [1, 2, 3, 7, 64, 1000, 4099]:
         p = permute_positions(np.arange(n), n, _round_keys(5, 2))
-        assert torch.equal(p.sort().values, torch.arange(n)), n
+        assert torch.equal(p.sort().values, torch.arange(n, device=p.device)), n
     s = EpochBatchSampler(103, 10, seed=1)
     it = iter(s)
     epochs = [torch.cat([next(it) for _ in range(s.steps_per_epoch)]) for _ in range(2)]

@@ -38,7 +38,7 @@ def _one_thread():
 
 
 def _problem(N=8, K=3, M=3, D=2, noise=0.3, whiten=True, seed=0, z_is_x=False):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     X = torch.randn(N, D, generator=g)
     y = torch.arange(N) % K
     X = X + 0.8 * torch.nn.functional.one_hot(y, K)[:, :D].to(X.dtype)
@@ -136,7 +136,7 @@ def test_fitc_q_u_predictive_and_evidence_equal_dense_computations():
     """M < N: q(u) in the module, the predictive at new inputs and log Z_EP equal dense computations with the FITC
     prior covariance ``Q + diag(K - Q)`` (the joint of ``(u, f)``, the f-space predictive of the R ``predictMGPC``,
     and the EP evidence with grid-integrated factor normalisers), in both parameterisations."""
-    Xs = torch.randn(5, 2, generator=torch.Generator().manual_seed(5))
+    Xs = torch.randn(5, 2, generator=torch.Generator(torch.get_default_device()).manual_seed(5))
     for whiten in (True, False):
         gp, X, y = _problem(N=10, K=3, M=3, whiten=whiten)
         st = fit_gfitc(gp, X, y, num_iters=0, tol=1e-10)
@@ -212,7 +212,7 @@ def _glass(split=0):
 def _glass_model(X, M=10, seed=0):
     """The benchmark's specification (benchmarks/multiclass_table2.py): per-class random subsets of the training
     inputs as Z, variance 1, sigma0 1, squared length-scale the median pairwise distance."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     K, (N, D) = 6, X.shape
     Z = torch.stack([X[torch.randperm(N, generator=g)[:M]] for _ in range(K)])
     ls = torch.full((D,), float(torch.pdist(X).median().sqrt()))

@@ -15,7 +15,7 @@ from pyro_sparsegp.linalg import cholesky
 
 
 def _problem(N=5, M=3, whiten=True, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     X = torch.randn(N, 2, generator=g)
     y = (X[:, 0] + 0.3 * torch.randn(N, generator=g) > 0).to(X.dtype)
     gp = ps.SVGP(RBF(2, lengthscale=torch.tensor(1.2), variance=torch.tensor(1.5)), X[:M].clone() + 0.1,
@@ -39,13 +39,13 @@ def test_bound_matches_monte_carlo_and_lies_below_log_marginal():
     with torch.no_grad():
         bound = mfsp_bound(gp, X, y, a).item()
     Kmm, Kmn, Q, kdiag = _dense(gp, X)
-    A = (Q + torch.eye(5)).numpy()
+    A = (Q + torch.eye(5)).cpu().numpy()
     Ainv = np.linalg.inv(A)
     s = 1 / np.sqrt(np.diag(Ainv))
-    sgn = 2 * y.numpy() - 1
-    lo = np.where(sgn > 0, -a.numpy() / s, -np.inf)
-    hi = np.where(sgn > 0, np.inf, -a.numpy() / s)
-    tn = stats.truncnorm(lo, hi, loc=a.numpy(), scale=s)
+    sgn = 2 * y.cpu().numpy() - 1
+    lo = np.where(sgn > 0, -a.cpu().numpy() / s, -np.inf)
+    hi = np.where(sgn > 0, np.inf, -a.cpu().numpy() / s)
+    tn = stats.truncnorm(lo, hi, loc=a.cpu().numpy(), scale=s)
     rng = np.random.default_rng(0)
     G = tn.rvs(size=(200_000, 5), random_state=rng)  # q(g) = prod of truncated normals
     # E_q[log N(g | 0, Q + I) - log q(g)] - tr(K - Q) / 2, both expectations by Monte Carlo
@@ -54,7 +54,7 @@ def test_bound_matches_monte_carlo_and_lies_below_log_marginal():
     se = terms.std() / np.sqrt(len(terms))
     assert abs(bound - mc) < 4 * se, (bound, mc, se)
     # exact log p(y) of the probit GP: the orthant probability of g ~ N(0, K + I)
-    Knn = kernel_matrix(gp.kernel, X).detach().numpy()
+    Knn = kernel_matrix(gp.kernel, X).detach().cpu().numpy()
     D = np.diag(sgn)
     logp = math.log(stats.multivariate_normal(np.zeros(5), D @ (Knn + np.eye(5)) @ D).cdf(np.zeros(5)))
     assert bound < logp

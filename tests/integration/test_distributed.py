@@ -18,7 +18,7 @@ STEPS, B = 12, 32
 
 def _setup(kind="svgp"):
     torch.set_default_dtype(torch.float64)
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(torch.get_default_device()).manual_seed(0)
     X = torch.rand(256, 2, generator=g, dtype=torch.float64) * 4 - 2
     y = torch.sin(2 * X[:, 0]) + 0.1 * torch.randn(256, generator=g, dtype=torch.float64)
     if kind == "solvegp":  # the joint natural-gradient step: the probe's gradient is averaged over ranks too

@@ -9,7 +9,7 @@ from pyro_sparsegp.infer import fit
 
 
 def _build(dtype):
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator(torch.get_default_device()).manual_seed(1)
     X = (torch.rand(200, 2, generator=g, dtype=torch.float64) * 4 - 2).to(dtype)
     y = torch.sin(2 * X[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64).to(dtype)
     Z = X[:20].clone()

@@ -253,7 +253,8 @@ def test_conv_solvegp_with_prior_qv_equals_conv_svgp(whiten):
     X, y = torch.randn(7, H * W * C), torch.randint(0, 3, (7,)).double()
     sol = _conv_svgp(ps.SOLVEGP, ps.RobustMax(3), num_outputs=3, whiten=whiten)
     with torch.no_grad():
-        sol.q_u.u_loc.copy_(torch.randn(sol.q_u.u_loc.shape, generator=torch.Generator().manual_seed(3)))
+        g = torch.Generator(torch.get_default_device()).manual_seed(3)
+        sol.q_u.u_loc.copy_(torch.randn(sol.q_u.u_loc.shape, generator=g))
     svgp = _conv_svgp(ps.SVGP, ps.RobustMax(3), num_outputs=3, whiten=whiten)
     torch.testing.assert_close(svgp.Z, sol.Z)
     with torch.no_grad():

@@ -17,7 +17,7 @@ from pyro_sparsegp.mean_functions import Identity, Linear
 
 
 def _data(N=12, D=2, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     X = torch.randn(N, D, generator=g).to(torch.get_default_dtype())
     y = torch.sin(2 * X[:, 0]) * torch.sign(X[:, -1]) + 0.1 * torch.randn(N, generator=g).to(X.dtype)
     return X, y
@@ -423,7 +423,7 @@ def test_kmeans_initialisation_needs_no_scipy(monkeypatch):
 
     for mod in ("scipy", "scipy.cluster", "scipy.cluster.vq"):
         monkeypatch.setitem(sys.modules, mod, None)  # any import of scipy now raises ImportError
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator(torch.get_default_device()).manual_seed(1)
     X = torch.cat([torch.randn(60, 2, generator=g) * 0.3 + c for c in (torch.tensor([4.0, 0]), torch.tensor([-4.0, 0]),
                                                                          torch.tensor([0, 4.0]))])
     Z = init_inducing(X, 3)

@@ -191,10 +191,10 @@ def test_errors():
 def test_numpy_inputs_and_a_unique_default_name():
     """ODVGP takes inputs the way every module does (pyro_sparsegp.inputs): numpy Z, a list O, numpy X and y give
     the bound the tensors give; two ODVGPs built side by side get distinct names."""
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(torch.get_default_device()).manual_seed(0)
     X, y = torch.randn(30, 2, generator=g), torch.randn(30, generator=g)
     Z, O = X[:4].clone(), X[4:12].clone()
     a = ps.ODVGP(RBF(2), Z, O, ps.Gaussian(0.1))
-    b = ps.ODVGP(RBF(2), Z.numpy(), O.tolist(), ps.Gaussian(0.1))
+    b = ps.ODVGP(RBF(2), Z.cpu().numpy(), O.tolist(), ps.Gaussian(0.1))
     assert a.name != b.name
-    torch.testing.assert_close(b.analytic_elbo(X.numpy(), y.numpy()), a.analytic_elbo(X, y))
+    torch.testing.assert_close(b.analytic_elbo(X.cpu().numpy(), y.cpu().numpy()), a.analytic_elbo(X, y))

@@ -20,7 +20,7 @@ from pyro_sparsegp.distributions import MarginalizedLikelihood
 
 def _p_max_scipy(m, v, k):
     """P(f_k > f_j for all j != k), f_j ~ N(m_j, v_j) independent, by scipy's adaptive quadrature (numpy)."""
-    m, s = np.asarray(m, float), np.sqrt(np.asarray(v, float))
+    m, s = np.asarray(m.cpu(), float), np.sqrt(np.asarray(v.cpu(), float))
     others = [j for j in range(len(m)) if j != k]
 
     def g(t):

@@ -102,11 +102,19 @@ def test_module_analytic_elbo_is_the_augmented_bound(whiten):
 
 
 def test_pg_fit_with_natural_gradients_classifies():
-    X, y, gp, *_ = _problem(whiten=True)
-    state = ps.infer.fit(gp, X, y, num_steps=60, batch_size=N, lr=0.02, natgrad_lr=1.0, elbo="analytic", progress=False)
+    # 200 points (not _problem's 30, whose training accuracy swings from 0.67 to 0.93 with the draw): over 20 seeds
+    # the fit's accuracy stays within 0.07 of the noiseless rule sin(2 x_0) > 0 and above 0.82
+    X = torch.rand(200, D) * 4 - 2
+    y = (torch.sin(2 * X[:, 0]) + 0.3 * torch.randn(200) > 0).to(X.dtype)
+    k = RBF(D, variance=torch.tensor(2.0), lengthscale=torch.tensor(0.8))
+    gp = ps.SVGP(k, torch.rand(10, D) * 4 - 2, ps.PolyaGammaLogit(), whiten=True)
+    state = ps.infer.fit(gp, X, y, num_steps=60, batch_size=200, lr=0.02, natgrad_lr=1.0, elbo="analytic",
+                         progress=False)
     assert state.losses[-1] < state.losses[0]
     mean, var = gp.predict(X)
-    assert ((mean > 0).to(y.dtype) == y).to(torch.float64).mean() > 0.8
+    acc = ((mean > 0).to(y.dtype) == y).to(torch.float64).mean()
+    rule = ((torch.sin(2 * X[:, 0]) > 0).to(y.dtype) == y).to(torch.float64).mean()
+    assert acc > 0.8 and acc >= rule - 0.1, (acc, rule)
 
 
 @pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])

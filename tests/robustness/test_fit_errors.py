@@ -67,7 +67,7 @@ def test_data_is_converted_or_refused():
     _refuses("needs y", y=None)
     # numpy float32 and integer lists are converted to the module's dtype
     gp = _gp()
-    fit(gp, X.numpy().astype(np.float32), y.tolist(), num_steps=2, progress=False)
+    fit(gp, X.cpu().numpy().astype(np.float32), y.tolist(), num_steps=2, progress=False)
     assert all(torch.isfinite(v).all() for v in gp.state_dict().values())
 
 

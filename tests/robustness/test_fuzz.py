@@ -85,7 +85,7 @@ def _other_dtype():
 Z_MENU = {
     "good": lambda: torch.randn(5, 2),
     "per_output": lambda: torch.randn(2, 5, 2),
-    "numpy": lambda: torch.randn(5, 2).numpy(),
+    "numpy": lambda: torch.randn(5, 2).cpu().numpy(),
     "list": lambda: torch.randn(5, 2).tolist(),
     "int": lambda: torch.randint(0, 4, (5, 2)),
     "other_dtype": lambda: torch.randn(5, 2, dtype=_other_dtype()),
@@ -130,7 +130,7 @@ def constructor_case(z, num_outputs, jitter, whiten, lik):
 
 X_MENU = {
     "good": lambda: torch.randn(12, 2),
-    "numpy": lambda: torch.randn(12, 2).numpy(),
+    "numpy": lambda: torch.randn(12, 2).cpu().numpy(),
     "list": lambda: torch.randn(12, 2).tolist(),
     "other_dtype": lambda: torch.randn(12, 2, dtype=_other_dtype()),
     "int": lambda: torch.randint(0, 3, (12, 2)),
@@ -144,7 +144,7 @@ Y_MENU = {
     "good": lambda n: torch.randint(0, 2, (n,)).to(_dtype()),
     "long": lambda n: torch.randint(0, 2, (n,)),
     "bool": lambda n: torch.randint(0, 2, (n,)).bool(),
-    "numpy": lambda n: torch.randint(0, 2, (n,)).to(_dtype()).numpy(),
+    "numpy": lambda n: torch.randint(0, 2, (n,)).to(_dtype()).cpu().numpy(),
     "short": lambda n: torch.zeros(max(n - 1, 0)),
     "nan": lambda n: torch.full((n,), float("nan")),
     "two": lambda n: torch.full((n,), 2.0),

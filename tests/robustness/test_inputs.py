@@ -27,7 +27,7 @@ class FrameLike:
 
 
 def _data(N=60, D=2, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     X = torch.randn(N, D, generator=g)
     y = torch.sin(2 * X[:, 0]) + 0.1 * torch.randn(N, generator=g)
     return X, y
@@ -38,9 +38,9 @@ def _gp(X, **kw):
 
 
 CONVERTERS = {
-    "numpy": lambda t: t.numpy(),
+    "numpy": lambda t: t.cpu().numpy(),
     "list": lambda t: t.tolist(),
-    "frame": lambda t: FrameLike(t.numpy()),
+    "frame": lambda t: FrameLike(t.cpu().numpy()),
     "float32-tensor": lambda t: t.float() if t.dtype == torch.float64 else t.double(),
 }
 
@@ -70,8 +70,8 @@ def test_single_output_as_a_column_is_the_same_as_a_vector():
     X, y = _data()
     gp = _gp(X)
     torch.testing.assert_close(gp.analytic_elbo(X, y[:, None]), gp.analytic_elbo(X, y))
-    torch.testing.assert_close(gp.analytic_elbo(X.numpy(), y[:, None].numpy()), gp.analytic_elbo(X, y))
-    a = ps.infer.fit(_gp(X, name="a"), X, y[:, None].numpy(), num_steps=4, batch_size=16, progress=False).losses
+    torch.testing.assert_close(gp.analytic_elbo(X.cpu().numpy(), y[:, None].cpu().numpy()), gp.analytic_elbo(X, y))
+    a = ps.infer.fit(_gp(X, name="a"), X, y[:, None].cpu().numpy(), num_steps=4, batch_size=16, progress=False).losses
     b = ps.infer.fit(_gp(X, name="b"), X, y, num_steps=4, batch_size=16, progress=False).losses
     assert a == pytest.approx(b, rel=1e-6)
 
@@ -90,7 +90,7 @@ def test_wrong_targets_name_the_whole_data_size_not_the_minibatch():
 
 def test_numpy_inducing_inputs_and_shape_errors_that_name_M_and_D():
     X, y = _data()
-    gp = ps.SVGP(RBF(2), X[:8].numpy(), ps.Gaussian(0.1))
+    gp = ps.SVGP(RBF(2), X[:8].cpu().numpy(), ps.Gaussian(0.1))
     assert isinstance(gp.Z, torch.Tensor) and gp.Z.dtype == torch.get_default_dtype() and gp.Z.shape == (8, 2)
     torch.testing.assert_close(gp.analytic_elbo(X, y), _gp(X, name="t").analytic_elbo(X, y))
     with pytest.raises(ValueError, match=r"Z must be \[M, D\] \(M inducing inputs of D features\)"):
@@ -105,7 +105,7 @@ def test_multiclass_likelihood_infers_num_outputs_and_refuses_a_mismatch():
     explicit = ps.SVGP(RBF(2), X[:8].clone(), ps.RobustMax(3), num_outputs=3, name="explicit")
     explicit.load_state_dict(gp.state_dict())
     torch.testing.assert_close(gp.analytic_elbo(X, y), explicit.analytic_elbo(X, y))
-    probs = gp.predict(X.numpy(), full=True)[2].probs
+    probs = gp.predict(X.cpu().numpy(), full=True)[2].probs
     assert probs.shape == (60, 3)
     with pytest.raises(ValueError, match=r"K = 3 classes.*num_outputs = 3.*got num_outputs = 2"):
         ps.SVGP(RBF(2), X[:8].clone(), ps.RobustMax(3), num_outputs=2, name="mismatch")
@@ -117,7 +117,7 @@ def test_fit_ep_takes_numpy_and_column_labels():
     a = ps.SVGP(RBF(2), X[:6].clone(), ps.RobustMax(2), name="a")
     b = ps.SVGP(RBF(2), X[:6].clone(), ps.RobustMax(2), name="b")
     sa = ps.infer.fit_ep(a, X, y, num_iters=3, learn_hyperparameters=False)
-    sb = ps.infer.fit_ep(b, X.numpy(), y[:, None].numpy(), num_iters=3, learn_hyperparameters=False)
+    sb = ps.infer.fit_ep(b, X.cpu().numpy(), y[:, None].cpu().numpy(), num_iters=3, learn_hyperparameters=False)
     assert sa.log_evidence == pytest.approx(sb.log_evidence, rel=1e-8)
     torch.testing.assert_close(a.predict(X)[0], b.predict(X)[0])
 

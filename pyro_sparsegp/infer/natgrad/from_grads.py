@@ -124,13 +124,15 @@ def _precision_step(q, lr: float, retraction: bool = False):
         return torch.linalg.cholesky_ex(K.flip(-1, -2))  # chol(J K J)
 
     D, info = factor(rho)
-    if D.device.type == "cpu" and deferred.active() is None:
+    checks = deferred.active()
+    if checks is None or checks.damp_at_once:  # (outside fit on a GPU too: a read per step, but no NaN update)
         D, rho = _damp(factor, D, info, rho, lr, retraction)
-        frozen = rho == 0  # a frozen output keeps its q: L' = L, and no step for its mean (0 * nan is nan)
-        D = torch.where(frozen[..., None, None], torch.eye(D.shape[-1], dtype=D.dtype, device=D.device), D)
-        g_m = torch.where(frozen[..., None], 0.0, g_m)
-    else:  # no host synchronisation: a failed factorisation makes the update NaN, which fit's guard catches
-        D = D + torch.where(info > 0, float("nan"), 0.0).to(D.dtype)[..., None, None]
+    else:  # no host read: an output whose step needs damping keeps its q and is flagged; fit redoes the window
+        checks.record(checks.DAMPING, info > 0)  # with the halving at once (deferred.py)
+        rho = torch.where(info > 0, 0.0, rho)
+    frozen = rho == 0  # a frozen output keeps its q: L' = L, and no step for its mean (0 * nan is nan)
+    D = torch.where(frozen[..., None, None], torch.eye(D.shape[-1], dtype=D.dtype, device=D.device), D)
+    g_m = torch.where(frozen[..., None], 0.0, g_m)
     # L' = L J D^{-T} J, i.e. L'^T = J D^{-1} (J L^T): one triangular solve, no inverse, no product
     L_new = torch.linalg.solve_triangular(D, L.mT.flip(-2), upper=False).flip(-2).mT
     return m, g_m, raw_m, L_new, raw_L, rho, L, Psi

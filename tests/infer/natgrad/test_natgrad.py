@@ -65,7 +65,7 @@ def test_one_full_batch_step_of_length_one_lands_on_the_optimum(step, whiten):
 def test_minibatch_steps_converge_to_the_optimum():
     """With N/B scaling and decreasing steps, minibatch natural gradients approach the full-batch optimum."""
     X, y, gp = _gp(whiten=True)
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(torch.get_default_device()).manual_seed(0)
     for t in range(1000):
         idx = torch.randperm(N, generator=g)[:30]
         gaussian_natgrad_step(gp, X[idx], y[idx], lr=1.0 / (t + 2) ** 0.7, num_data=N)

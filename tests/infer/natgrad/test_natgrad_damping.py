@@ -22,7 +22,7 @@ from pyro_sparsegp.variational import GaussianQ, to_natural
 
 def _q_with_grads(L=3, M=4, seed=0):
     """A ``GaussianQ [L, M]`` with the gradient of ``tr(A S) + b^T m`` (``A`` small: no damping needed)."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     dt = torch.get_default_dtype()
     q = GaussianQ(M, num_outputs=L)
     f64 = torch.float64  # the same draws in the float64 and the float32 pass

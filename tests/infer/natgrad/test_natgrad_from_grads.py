@@ -82,7 +82,7 @@ def test_one_full_batch_step_lands_on_the_optimum_given_the_other_factor(site, w
     X, y = _data()
     gp = _solve(whiten)
     A, Dm, Kuu, Cvv = _dense(gp, X)
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator(torch.get_default_device()).manual_seed(1)
     if site == "v":  # q(u) fixed: any q(u)
         q, other, K, K_other, F, F_other = gp.q_v, gp.q_u, Cvv, Kuu, Dm, A
         _set_plain(other, torch.randn(M, generator=g), 0.1 * torch.eye(M) + 0.05, K_other, whiten)
@@ -195,7 +195,7 @@ def _joint_optimum(gp, X, y):
 
 def _start_anywhere(gp, X, whiten):
     A, Dm, Kuu, Cvv = _dense(gp, X)
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator(torch.get_default_device()).manual_seed(3)
     _set_plain(gp.q_u, torch.randn(M, generator=g), 0.1 * torch.eye(M) + 0.05, Kuu, whiten)
     _set_plain(gp.q_v, torch.randn(M2, generator=g), 0.3 * Cvv, Cvv, whiten)
 

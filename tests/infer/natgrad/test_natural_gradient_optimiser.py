@@ -29,14 +29,14 @@ def store(local):
 
 
 def _data(seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     X = torch.rand(N, D, generator=g) * 4 - 2
     y = torch.sin(2 * X[:, 0]) + 0.5 * X[:, 1] + 0.2 * torch.randn(N, generator=g)
     return X.to(torch.get_default_dtype()), y.to(torch.get_default_dtype())
 
 
 def _gp(whiten=True, seed=0, integrate_f=None, noise=0.05):
-    g = torch.Generator().manual_seed(seed + 1)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed + 1)
     Z = (torch.rand(M, D, generator=g) * 4 - 2).to(torch.get_default_dtype())
     return ps.SVGP(RBF(D, lengthscale=torch.tensor(0.8)), Z, ps.Gaussian(noise), whiten=whiten,
                    integrate_f=integrate_f)
@@ -265,7 +265,7 @@ def test_solvegp_families_take_natural_steps_and_odvgps_mean_goes_to_the_wrapped
     with a Pyro ELBO) although the wrapped Adam has lr 0; ODVGP's mean-only q(v⊥) is no such family: it stays with
     the wrapped optimiser (lr 0: unchanged) while q(u) takes its step."""
     X, y = _data()
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator(torch.get_default_device()).manual_seed(5)
     O = (torch.rand(4, D, generator=g) * 4 - 2).to(X.dtype)
     gp = ps.SOLVEGP(RBF(D), _gp().Z, O, ps.Gaussian(0.1), integrate_f=True, odvgp=odvgp)
     before = {name: _qu_or_mean(getattr(gp, name)) for name in ("q_u", "q_v")}

@@ -41,7 +41,7 @@ def test_warmup_schedule_is_log_linear_from_start_to_target():
 def test_natural_gradient_optimiser_follows_the_warmup():
     """``NaturalGradient(warmup=K)``: the k-th call steps with the schedule's k-th length (a conjugate full-batch
     step of length rho moves the natural parameters exactly a fraction rho of the way to the optimum)."""
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(torch.get_default_device()).manual_seed(0)
     X = torch.rand(30, 1, generator=g).to(torch.get_default_dtype()) * 4 - 2
     y = torch.sin(2 * X[:, 0])
     gp = ps.SVGP(RBF(1, lengthscale=torch.tensor(0.8)), X[:5].clone(), ps.Gaussian(0.1), whiten=True)
@@ -71,7 +71,7 @@ def test_natural_gradient_optimiser_follows_the_warmup():
 def _family_with_adversarial_grad(scale, seed=0, M=5, L=3):
     """A GaussianQ ``[L, M]`` whose loss is ``tr(A S) + b^T m`` with ``A`` symmetric indefinite of size ``scale``:
     ``X = dELBO/dS = -A`` makes the plain precision step ``Lambda - 2 rho X = Lambda + 2 rho A`` indefinite."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     dt = torch.get_default_dtype()
     q = GaussianQ(M, num_outputs=L)
     B = torch.randn(L, M, M, generator=g).to(dt)
@@ -151,7 +151,7 @@ def test_damping_of_a_non_finite_gradient_terminates_and_keeps_q(monkeypatch):
 
 # -- averaging --------------------------------------------------------------------------------------------------------
 def _regression(N=200, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     dt = torch.get_default_dtype()
     X = (torch.rand(N, 1, generator=g) * 6 - 3).to(dt)
     y = torch.sin(2 * X[:, 0]) + 0.3 * torch.randn(N, generator=g).to(dt)
@@ -200,7 +200,7 @@ def test_natural_gradient_optimiser_average_matches_an_independent_average():
     assert not opt.write_average()  # nothing averaged yet
     params = list(gp.parameters())
     seen = []
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator(torch.get_default_device()).manual_seed(1)
     for k in range(8):
         for p in params:
             p.grad = None
@@ -311,7 +311,7 @@ def test_auto_policy_small_minibatches_train_robustmax_with_adam():
 
 # -- non-conjugate likelihoods and deep layers under NaturalGradient --------------------------------------------------
 def _classification(kind, N=60, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     dt = torch.get_default_dtype()
     X = (torch.rand(N, 2, generator=g) * 4 - 2).to(dt)
     if kind in ("robustmax", "softmax"):
@@ -363,7 +363,7 @@ def test_non_conjugate_likelihoods_take_safe_natural_steps(kind):
 def test_two_layer_deep_gp_takes_natural_steps_on_every_layer():
     """A 2-layer DGP under ``NaturalGradient`` on every layer's q(u) (the hidden layer's starts at 1e-5 of the prior
     scale, as Salimbeni's protocol): both layers move, nothing is damped or non-finite, the bound rises."""
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(torch.get_default_device()).manual_seed(0)
     dt = torch.get_default_dtype()
     X = (torch.rand(80, 2, generator=g) * 4 - 2).to(dt)
     y = torch.sin(2 * X[:, 0]) * torch.cos(X[:, 1]) + 0.1 * torch.randn(80, generator=g).to(dt)
@@ -391,7 +391,7 @@ def test_two_layer_deep_gp_takes_natural_steps_on_every_layer():
 def test_fit_natgrad_layers_all_trains_every_layer_of_a_deep_gp():
     """``fit(natgrad_layers="all")``: the hidden layer's q(u) takes the (positive-definite) natural step too, no
     failure, and the bound ends above where it starts."""
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator(torch.get_default_device()).manual_seed(1)
     dt = torch.get_default_dtype()
     X = (torch.rand(80, 2, generator=g) * 4 - 2).to(dt)
     y = torch.sin(2 * X[:, 0]) + 0.1 * torch.randn(80, generator=g).to(dt)
