@@ -179,7 +179,8 @@ def test_fit_average_writes_the_polyak_average_of_natural_parameters_and_noise()
             prec = torch.linalg.inv(Lq @ Lq.mT)
             seen.append((prec @ m, prec, gp.likelihood.noise.detach().double()))
 
-    fit(gp, X, y, num_steps=steps, batch_size=16, natgrad_lr=0.2, average=frac, callback=record, progress=False)
+    fit(gp, X, y, num_steps=steps, batch_size=16, natgrad_lr=0.2, average=frac, callback=record, progress=False,
+        sync_every=1)  # the callback reads each iterate (on a GPU the default syncs every 20 steps)
     assert len(seen) == steps - start
     eta = sum(s[0] for s in seen) / len(seen)
     prec = sum(s[1] for s in seen) / len(seen)
