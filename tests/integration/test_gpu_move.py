@@ -19,22 +19,24 @@ def _data(N=300):
     return X, torch.sin(2 * X[:, 0]) + 0.1 * torch.randn(N, generator=g)
 
 
-def _models(X, y):
+def _model(kind, X, y):
+    """The module of ``kind``, its targets and fit's extra arguments (only that module is built)."""
     k = lambda: RBF(2, lengthscale=torch.ones(2))  # noqa: E731
-    labels = (y > 0).long() + (X[:, 1] > 0).long()
-    return {
-        "svgp": (ps.SVGP(k(), X[:20].clone(), ps.Gaussian(0.1)), y, {}),
-        "solvegp": (ps.SOLVEGP(k(), X[:10].clone(), X[10:20].clone(), ps.Gaussian(0.1)), y, {}),
-        "robustmax": (ps.SVGP(k(), X[:20].clone(), ps.RobustMax(3), num_outputs=3), labels, {"natgrad_lr": "auto"}),
-        "deep": (build_deep_gp(X, [2], ps.Gaussian(0.1), num_inducing=10, num_samples=2), y, {}),
-    }
+    if kind == "svgp":
+        return ps.SVGP(k(), X[:20].clone(), ps.Gaussian(0.1)), y, {}
+    if kind == "solvegp":
+        return ps.SOLVEGP(k(), X[:10].clone(), X[10:20].clone(), ps.Gaussian(0.1)), y, {}
+    if kind == "robustmax":
+        labels = (y > 0).long() + (X[:, 1] > 0).long()
+        return ps.SVGP(k(), X[:20].clone(), ps.RobustMax(3), num_outputs=3), labels, {"natgrad_lr": "auto"}
+    return build_deep_gp(X, [2], ps.Gaussian(0.1), num_inducing=10, num_samples=2), y, {}
 
 
 @pytest.mark.parametrize("kind", ["svgp", "solvegp", "robustmax", "deep"])
 def test_a_module_moved_to_the_gpu_trains_from_cpu_data_and_predicts(kind):
     with torch.device("cpu"):
         X, y = _data()
-        gp, yy, kw = _models(X, y)[kind]
+        gp, yy, kw = _model(kind, X, y)
     gp = gp.to("cuda")
     state = ps.infer.fit(gp, X.numpy(), yy.numpy(), num_steps=40, batch_size=100, progress=False, **kw)
     assert len(state.losses) == 40 and state.losses[-1] < state.losses[0]
