@@ -49,19 +49,27 @@ def _augmented(Xq, Zq):
     return torch.cat([Xq, x2, torch.ones_like(x2)], -1), torch.cat([-2.0 * Zq, torch.ones_like(z2), z2], -1)
 
 
-def _blocks(kind: str, Xa, Za):
+def _buffers(kind: str, rows: int, Za):
+    """Scratch blocks ``[rows, M]`` for :func:`_blocks`, allocated once per pass over the rows (a fresh block per
+    step of the loop would cost the allocator's page faults)."""
+    return tuple(Za.new_empty(rows, Za.shape[0]) for _ in range({"rbf": 1, "matern32": 2, "matern52": 3}[kind]))
+
+
+def _blocks(kind: str, Xa, Za, bufs):
     """``(G, P)`` ``[rows, M]`` for a block of rows ``Xa`` of :func:`_augmented`: ``G = g(q)`` and the slope's
-    block ``P`` (``dg/dq = -h P``) at ``q = |x - z|^2`` of the inputs scaled by ``sqrt(kappa)`` (clamped at zero)."""
-    q = torch.mm(Xa, Za.mT).clamp_(min=0.0)
+    block ``P`` (``dg/dq = -h P``) at ``q = |x - z|^2`` of the inputs scaled by ``sqrt(kappa)`` (clamped at zero),
+    written into the leading rows of the scratch blocks ``bufs`` of :func:`_buffers` (views of them)."""
+    n = Xa.shape[0]
+    q = torch.mm(Xa, Za.mT, out=bufs[0][:n]).clamp_(min=0.0)
     if kind == "rbf":  # g = exp(-q), dg/dq = -g
         g = q.neg_().exp_()
         return g, g
     s = q.sqrt_()
-    e = torch.neg(s).exp_()
+    e = torch.neg(s, out=bufs[1][:n]).exp_()
     if kind == "matern32":  # g = (1 + s) e, dg/dq = -e / 2
-        return torch.addcmul(e, e, s), e
-    p = torch.addcmul(e, e, s)  # matern52: g = (1 + s + s^2 / 3) e, dg/dq = -(1 + s) e / 6
-    return torch.addcmul(p, s.mul_(s), e, value=1.0 / 3.0), p
+        return torch.addcmul(e, e, s, out=s), e
+    p = torch.addcmul(e, e, s, out=bufs[2][:n])  # matern52: g = (1 + s + s^2 / 3) e, dg/dq = -(1 + s) e / 6
+    return torch.addcmul(p, s.mul_(s), e, value=1.0 / 3.0, out=s), p
 
 
 class _StationaryMatvec(torch.autograd.Function):
@@ -73,8 +81,9 @@ class _StationaryMatvec(torch.autograd.Function):
         Xa, Za = _augmented(Xq, Zq)
         rows = max(1, BLOCK_ELEMENTS // max(1, Zq.shape[0]))
         ga = Xq.new_zeros(Xq.shape[0])
+        bufs = _buffers(kind, min(rows, Xq.shape[0]), Za)
         for i in range(0, Xq.shape[0], rows):
-            torch.mv(_blocks(kind, Xa[i : i + rows], Za)[0], a, out=ga[i : i + rows])
+            torch.mv(_blocks(kind, Xa[i : i + rows], Za, bufs)[0], a, out=ga[i : i + rows])
         ctx.save_for_backward(Xq, Zq, var, a, ga)
         ctx.kind, ctx.rows = kind, rows
         return var * ga
@@ -92,9 +101,10 @@ class _StationaryMatvec(torch.autograd.Function):
         Bt = Zq.new_zeros(Zq.shape[1] + 1, Zq.shape[0])  # [c x, c]^T P
         gX = torch.zeros_like(Xq) if need_x else None
         gGa = torch.zeros_like(a) if need_a and ctx.kind != "rbf" else None  # G^T c
+        bufs = _buffers(ctx.kind, min(ctx.rows, Xq.shape[0]), Za)
         for i in range(0, Xq.shape[0], ctx.rows):
             sl = slice(i, i + ctx.rows)
-            G, P = _blocks(ctx.kind, Xa[sl], Za)
+            G, P = _blocks(ctx.kind, Xa[sl], Za, bufs)
             if need_x:
                 A = (aZt @ P.mT).mT  # [rows, D + 1]: P (a z) and P a (this order is the faster product)
                 gX[sl] = (-2.0 * h) * c[sl].unsqueeze(-1) * (Xq[sl] * A[:, -1:] - A[:, :-1])
