@@ -34,19 +34,35 @@ def setup(args) -> None:
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, device {device} {name}".rstrip())
 
 
-def time_alternating(fns: dict, repeats: int, warmup: int = 2) -> dict:
-    """Median wall time in ms of each callable, measured round-robin (a, b, c, a, b, c, ...) so that drifts in the
-    machine's speed affect every contender alike."""
+def _timed_ms(f) -> float:
+    """Wall milliseconds of ``f()``, with the GPU's queue drained before and after (CUDA runs asynchronously: without
+    the synchronisation a step's clock would stop when its kernels are queued, not when they are done)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    f()
+    if cuda:
+        torch.cuda.synchronize()
+    return 1000 * (time.perf_counter() - t)
+
+
+def _alternate(fns: dict, repeats: int, warmup: int) -> dict:
+    """``{name: [ms, ...]}``: ``warmup`` untimed rounds, then ``repeats`` timed ones, round-robin."""
     for _ in range(warmup):
         for f in fns.values():
             f()
     times = {k: [] for k in fns}
     for _ in range(repeats):
         for k, f in fns.items():
-            t = time.perf_counter()
-            f()
-            times[k].append(1000 * (time.perf_counter() - t))
-    return {k: statistics.median(v) for k, v in times.items()}
+            times[k].append(_timed_ms(f))
+    return times
+
+
+def time_alternating(fns: dict, repeats: int, warmup: int = 2) -> dict:
+    """Median wall time in ms of each callable, measured round-robin (a, b, c, a, b, c, ...) so that drifts in the
+    machine's speed affect every contender alike."""
+    return {k: statistics.median(v) for k, v in _alternate(fns, repeats, warmup).items()}
 
 
 def table(rows: list[dict], columns: list[str]) -> str:
@@ -74,7 +90,7 @@ def batches(N: int, B: int, steps: int, seed: int = 0) -> list:
     g = torch.Generator().manual_seed(seed)
     out = []
     while len(out) < steps:
-        perm = torch.randperm(N, generator=g)
+        perm = torch.randperm(N, generator=g, device="cpu")  # CPU indices index tensors on any device
         out += [perm[i : i + B] for i in range(0, N - B + 1, B)]
     return out[:steps]
 
@@ -166,17 +182,8 @@ def machine_note(threads: int) -> str:
 def time_alternating_stats(fns: dict, repeats: int, warmup: int = 2) -> dict:
     """Like :func:`time_alternating`, but returns ``{name: {"median", "min", "q1", "q3"}}`` in ms (quartiles
     show how noisy the machine was)."""
-    for _ in range(warmup):
-        for f in fns.values():
-            f()
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t = time.perf_counter()
-            f()
-            times[k].append(1000 * (time.perf_counter() - t))
     out = {}
-    for k, v in times.items():
+    for k, v in _alternate(fns, repeats, warmup).items():
         q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
         out[k] = {"median": statistics.median(v), "min": min(v), "q1": q[0], "q3": q[2]}
     return out

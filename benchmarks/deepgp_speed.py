@@ -92,7 +92,7 @@ def measure(dtype, dim: int, repeats: int) -> dict:
     g = torch.Generator().manual_seed(1)
 
     def batch():
-        idx = torch.randint(N, (BATCH,), generator=g)
+        idx = torch.randint(N, (BATCH,), generator=g, device="cpu")
         return X[idx], y[idx]
 
     def step_ours():

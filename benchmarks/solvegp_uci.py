@@ -225,7 +225,8 @@ def main():
         for s in range(args.split_offset, args.split_offset + splits):
             X, y, Xt, yt = split(Xn, yn, s, max_train)
             steps = epochs * math.ceil(len(X) / 1024)
-            perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(s))  # shared by the four models
+            # shared by the four models
+            perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(s), device="cpu")
             for kind in kinds:
                 pyro.set_rng_seed(s)
                 gp = build(kind, X, M, perm)
@@ -255,8 +256,8 @@ def odvgp_timing(name, X, y, M, repeats=15, dense_repeats=3):
     ODVGP at M2 = 4M, 8M, 16M with J = M columns, measured round-robin (median of ``repeats``) beside SVGP M, then the
     dense ODVGP (``SOLVEGP(odvgp=True)``, cubic in M2) at the same M2 (``dense_repeats``); one row per family with the
     ratios of consecutive doublings of M2."""
-    perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(0))
-    idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(1))[:1024]
+    perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(0), device="cpu")
+    idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(1), device="cpu")[:1024]
     Xb, yb = X[idx], y[idx]
 
     def kernel():

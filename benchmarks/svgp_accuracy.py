@@ -227,7 +227,8 @@ def main():
     every = args.every or max(steps // 20, 1)
     B, lr = min(args.batch, N), args.lr
     g = torch.Generator().manual_seed(0)
-    Z = X[torch.randperm(N, generator=g)[: args.M]].clone()  # the same initial inducing inputs for every model
+    # the same initial inducing inputs for every model
+    Z = X[torch.randperm(N, generator=g, device="cpu")[: args.M]].clone()
     idx = batches(N, B, steps)
     print(f"# {data.source}")
     print(f"# {args.dataset}: N={N}, test={len(Xt)}, D={X.shape[1]}; M={args.M} (random subset of training X), "

@@ -53,7 +53,7 @@ class Cycle:
 
     def __init__(self, X, y):
         g = torch.Generator().manual_seed(1)
-        perm = torch.randperm(len(X), generator=g)
+        perm = torch.randperm(len(X), generator=g, device="cpu")
         self.batches = [(X[perm[i * B : (i + 1) * B]], y[perm[i * B : (i + 1) * B]]) for i in range(NUM_BATCHES)]
         self.i = 0
 
@@ -128,10 +128,11 @@ def floor_step(M, with_product=True):
     the projection fused as in ``pyro_sparsegp.linalg.project_chol`` (the gradient goes to Kuu without forming that
     of Luu: one product and one pair of M^3 solves, the fewest we know)."""
     g = torch.Generator().manual_seed(2)
-    A = torch.randn(M, M, generator=g)
+    dev = torch.get_default_device()  # drawn on the CPU generator, then moved (the same numbers on any device)
+    A = torch.randn(M, M, generator=g, device="cpu").to(dev)
     Kuu = (A @ A.mT / M + torch.eye(M)).requires_grad_(True)
-    Kuf = torch.randn(M, B, generator=g).requires_grad_(True)
-    S_half = torch.tril(torch.randn(M, M, generator=g) / M**0.5).requires_grad_(True)
+    Kuf = torch.randn(M, B, generator=g, device="cpu").to(dev).requires_grad_(True)
+    S_half = torch.tril(torch.randn(M, M, generator=g, device="cpu").to(dev) / M**0.5).requires_grad_(True)
 
     def step():
         Kuu.grad = Kuf.grad = S_half.grad = None

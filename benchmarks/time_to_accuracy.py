@@ -213,7 +213,7 @@ def main():
                                       for t in load_regression(name, dtype=dtype).standardized())
             n_test = len(Xt)
             if args.max_test and n_test > args.max_test:
-                keep = torch.randperm(n_test, generator=torch.Generator().manual_seed(0))[: args.max_test]
+                keep = torch.randperm(n_test, generator=torch.Generator().manual_seed(0), device="cpu")[: args.max_test]
                 Xt, yt = Xt[keep.to(DEVICE)], yt[keep.to(DEVICE)]
             steps = epochs * math.ceil(len(X) / B)
             print(f"# {name}: {len(X)} train / {n_test} test points (evaluated on {len(Xt)}), D = {X.shape[1]}, "
