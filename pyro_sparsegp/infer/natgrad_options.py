@@ -98,7 +98,7 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
                                 or not 0.0 < float(average) <= 1.0):
         raise ValueError(f"average must be a fraction in (0, 1] of the steps (the last ones are averaged) or None, "
                          f"got {average!r}")
-    plan = NatGradPlan(module, int(warmup), retraction, layers, average, num_steps, conjugate)
+    plan = NatGradPlan(module, int(warmup), retraction, layers, average, num_steps, conjugate and analytic)
     return natgrad_lr, plan
 
 
@@ -142,9 +142,11 @@ class NatGradPlan:
 
     def retract(self, q) -> bool:
         """Whether family ``q`` takes the positive-definite step: ``natgrad_retraction`` if given, else (``"auto"``)
-        for a non-conjugate likelihood and for every family off the likelihood's layer (a deep GP's hidden layers,
-        whose gradient is a Monte Carlo estimate), not for a Gaussian likelihood's own layer (the plain step is
-        exact there). ``q``: a module (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``); returns a bool."""
+        for a non-conjugate likelihood, for every family under a Pyro ELBO (a Monte Carlo gradient, with which the
+        plain step diverges: :class:`~pyro_sparsegp.infer.NaturalGradient`) and for every family off the likelihood's
+        layer (a deep GP's hidden layers, whose gradient is a Monte Carlo estimate), not for a Gaussian likelihood's
+        own layer on the closed-form bound (the plain step is exact there). ``q``: a module (``u_loc [..., M]``,
+        ``u_scale_tril [..., M, M]``); returns a bool."""
         if self.retraction is not None:
             return self.retraction
         return not self.conjugate or id(q) in self._hidden

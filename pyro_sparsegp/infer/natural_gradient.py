@@ -85,9 +85,15 @@ class NaturalGradient(PyroOptim):
     wrapped Pyro optimiser on every other parameter: Hensman, Fusi, Lawrence (2013), section 3.2, for the families,
     and the NGD + Adam hybrid of Salimbeni, Eleftheriadis, Hensman (2018) as a whole (module docstring).
 
-    A step of length 1 with a deterministic ELBO of a Gaussian likelihood on the full data (e.g. ``TraceMeanField_ELBO``
-    with ``u`` integrated out of the likelihood, as :class:`~pyro_sparsegp.DeepGP`'s ``marginalize_last`` does) lands
-    on the optimal q(u); with a Monte Carlo ELBO each step uses the sampled gradient (use ``natgrad_lr`` well below 1).
+    Under ``SVI`` the gradient is a Monte Carlo estimate (``u`` is sampled), so the precision takes the
+    positive-definite step of Lin, Schmidt, Khan (2020) by default (``retraction=True``). The plain step with a sampled
+    gradient diverges: its precision stays positive definite but collapses along the noise's directions, and the
+    loss grows without bound (measured: SVGP and SOLVE-GP, ``Trace_ELBO`` and ``TraceMeanField_ELBO``, minibatches of
+    64 and 256 of 2,000 points, step lengths 0.1 and 0.01, every run; the positive-definite step converged in every
+    one of them, ``tests/infer/natgrad/test_natural_gradient_optimiser.py``). With a deterministic ELBO of a Gaussian
+    likelihood on the full data (e.g. ``TraceMeanField_ELBO`` with ``u`` integrated out of the likelihood, as
+    :class:`~pyro_sparsegp.DeepGP`'s ``marginalize_last`` does) ``retraction=False`` is exact: a step of length 1
+    lands on the optimal q(u).
 
     :param optim: a :class:`pyro.optim.PyroOptim` (e.g. ``pyro.optim.Adam({"lr": 0.01})``) for the other parameters.
     :param natgrad_lr: step length :math:`\rho` in ``(0, 1]``, or a schedule ``step -> float`` (e.g.
@@ -103,11 +109,11 @@ class NaturalGradient(PyroOptim):
         many steps (Salimbeni, Eleftheriadis, Hensman 2018; :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup`);
         ``0`` (default): none.
     :param float warmup_start: the first step length of the warm-up (default ``1e-4``, the paper's).
-    :param retraction: ``True``: the positive-definite precision step of Lin, Schmidt, Khan (2020) (see
-        :func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`): never damped, for non-conjugate
-        likelihoods and Monte Carlo ELBOs; ``False`` (default): the plain step (exact at length 1 for a Gaussian
-        likelihood); or a
-        function ``family -> bool`` choosing per family (``fit`` passes its plan's).
+    :param retraction: ``True`` (default): the positive-definite precision step of Lin, Schmidt, Khan (2020) (see
+        :func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`): never damped, and stable with the
+        Monte Carlo gradients of SVI and with non-conjugate likelihoods; ``False``: the plain step, exact at length 1
+        for a Gaussian likelihood with a deterministic ELBO (diverges with a sampled one); or a function
+        ``family -> bool`` choosing per family (``fit`` passes its plan's).
     :param int average_from: from this step on (counting calls from 0), keep the Polyak-Ruppert average of the
         stepped families' natural parameters and of the stepped noises
         (:class:`~pyro_sparsegp.infer.averaging.IterateAverage`); call :meth:`write_average` at the end of training
@@ -118,7 +124,7 @@ class NaturalGradient(PyroOptim):
     """
 
     def __init__(self, optim: PyroOptim, natgrad_lr=0.1, families=None, num_obs: int | None = None, *,
-                 warmup: int = 0, warmup_start: float = 1e-4, retraction: bool = False,
+                 warmup: int = 0, warmup_start: float = 1e-4, retraction: bool = True,
                  average_from: int | None = None):
         # no PyroOptim.__init__: this object holds no torch optimiser of its own, the wrapped one does
         if not isinstance(optim, PyroOptim) or isinstance(optim, NaturalGradient):
@@ -127,6 +133,10 @@ class NaturalGradient(PyroOptim):
                 f"e.g. NaturalGradient(pyro.optim.Adam({{'lr': 0.01}}), natgrad_lr=0.1); got {type(optim).__name__}"
                 + (" (a torch.optim class: use its pyro.optim wrapper)" if isinstance(optim, type) or isinstance(
                     optim, torch.optim.Optimizer) else ""))
+        if natgrad_lr is None:
+            raise ValueError("NaturalGradient needs a step length natgrad_lr in (0, 1] or a schedule step -> float; "
+                             "to train q(u) with the wrapped optimiser instead, pass that optimiser to SVI itself "
+                             "(or families=[] here)")
         self.optim = optim
         self.schedule = as_schedule(natgrad_lr, warmup, warmup_start)
         self.natgrad_lr = getattr(self.schedule, "target", None)  # the step length after the warm-up (a float)
@@ -183,6 +193,7 @@ class NaturalGradient(PyroOptim):
     def __repr__(self) -> str:
         lr = f"{self.natgrad_lr:g}" if self.natgrad_lr is not None else repr(self.schedule)
         extra = "".join(f", {k}={v}" for k, v in (("warmup", getattr(self.schedule, "steps", 0)),
-                                                   ("retraction", self.retraction),
                                                    ("average_from", self.average_from)) if v)
-        return f"NaturalGradient({type(self.optim).__name__}, natgrad_lr={lr}{extra})"
+        extra += "" if self.retraction is True else f", retraction={self.retraction}"
+        wrapped = getattr(self.optim, "pt_optim_constructor", type(self.optim))  # pyro.optim.Adam wraps torch's Adam
+        return f"NaturalGradient({getattr(wrapped, '__name__', type(self.optim).__name__)}, natgrad_lr={lr}{extra})"

@@ -3,6 +3,7 @@ Lawrence 2013, section 3.2) and the wrapped optimiser's steps on everything else
 
 import copy
 import math
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -76,8 +77,8 @@ def test_one_full_batch_step_of_length_one_lands_on_the_optimal_qu(store, whiten
     gp = _gp(whiten)
     reference = _gp(whiten)
     dgp = DeepGP([gp], marginalize_last=True)
-    svi = SVI(dgp.model, dgp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=1.0),
-              TraceMeanField_ELBO())
+    svi = SVI(dgp.model, dgp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=1.0, retraction=False),
+              TraceMeanField_ELBO())  # the plain step: exact with a deterministic ELBO
     before = _qu(gp)
     svi.step(X, y)
     m, S = _dense_optimum(gp, X, y)
@@ -93,15 +94,71 @@ def test_one_full_batch_step_of_length_one_lands_on_the_optimal_qu(store, whiten
 @pytest.mark.float64
 def test_with_the_layers_own_model_a_step_is_right_on_average_over_particles():
     """gp.model/gp.guide (f integrated given u, u sampled) and Trace_ELBO: the step is affine in the gradient, so with
-    many vectorised particles it comes close to the optimum (Monte Carlo error ~ 1/sqrt(particles))."""
+    many vectorised particles it comes close to the optimum (Monte Carlo error ~ 1/sqrt(particles)). The plain step
+    (``retraction=False``): the positive-definite one is not affine in the gradient."""
     X, y = _data()
     gp = _gp(True, integrate_f=True)
     elbo = Trace_ELBO(num_particles=20000, vectorize_particles=True, max_plate_nesting=1)
-    SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=1.0), elbo).step(X, y)
+    SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=1.0, retraction=False),
+        elbo).step(X, y)
     m, S = _dense_optimum(gp, X, y)
     mq, Sq = _qu(gp)
     assert float((mq - m).norm() / m.norm()) < 0.05
     assert float((Sq - S).norm() / S.norm()) < 0.1
+
+
+def _sine_data(n=1000):
+    g = torch.Generator(torch.get_default_device()).manual_seed(0)
+    X = torch.rand(n, 3, generator=g) * 4 - 2
+    y = torch.sin(3 * X[:, 0]) + 0.5 * torch.cos(2 * X[:, 1]) * X[:, 2] + 0.2 * torch.randn(n, generator=g)
+    return X.to(torch.get_default_dtype()), y.to(torch.get_default_dtype())
+
+
+def _svi_loss_per_point(optim, seed, X, y, steps=200):
+    """The closed-form bound's loss per point after ``steps`` SVI steps of the layer's own model/guide with a
+    one-sample ``Trace_ELBO`` on minibatches of 128 (README's recipe)."""
+    pyro.set_rng_seed(seed)
+    gp = ps.SVGP(RBF(3, lengthscale=torch.ones(3)), X[:16].clone(), ps.Gaussian(0.1))
+    svi = SVI(gp.model, gp.guide, optim, Trace_ELBO())
+    for _ in range(steps):
+        svi.step(X, y, subsample_size=128)
+    with torch.no_grad():
+        return -gp.analytic_elbo(X, y).item() / len(X)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_readme_recipe_converges_with_a_one_sample_trace_elbo(seed):
+    """``SVI(model, guide, NaturalGradient(Adam(0.01), natgrad_lr=0.1), Trace_ELBO())`` with one particle: the
+    default positive-definite step ends ahead of Adam alone after the same steps (by 0.14 to 0.7 nats per point over
+    these seeds and dtypes); the plain step
+    (``retraction=False``) follows the sampled gradient's noise until the loss is astronomical (its precision stays
+    positive definite, so nothing is damped), which is why it is not the default under SVI."""
+    X, y = _sine_data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ps.infer.natgrad.NatGradDampingWarning)  # the default step is never damped
+        nat = _svi_loss_per_point(NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1), seed, X, y)
+    adam = _svi_loss_per_point(pyro.optim.Adam({"lr": 0.01}), seed, X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ps.infer.natgrad.NatGradDampingWarning)
+        plain = _svi_loss_per_point(NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1, retraction=False),
+                                    seed, X, y)
+    assert math.isfinite(nat) and nat < adam
+    assert not plain < 1e3  # diverged (or NaN)
+
+
+def test_fit_with_a_pyro_elbo_takes_the_positive_definite_step():
+    """``fit(..., elbo=Trace_ELBO(), natgrad_lr=0.1)``: a Monte Carlo gradient, so every family takes the
+    positive-definite step ("auto" retraction); it ends ahead of Adam alone (``natgrad_lr=None``)."""
+    X, y = _sine_data()
+    losses = {}
+    for lr in (0.1, None):
+        gp = ps.SVGP(RBF(3, lengthscale=torch.ones(3)), X[:16].clone(), ps.Gaussian(0.1))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ps.infer.natgrad.NatGradDampingWarning)
+            fit(gp, X, y, num_steps=200, batch_size=128, natgrad_lr=lr, elbo=Trace_ELBO(), seed=0, progress=False)
+        with torch.no_grad():
+            losses[lr] = -gp.analytic_elbo(X, y).item() / len(X)
+    assert math.isfinite(losses[0.1]) and losses[0.1] < losses[None]
 
 
 @STORES
@@ -122,7 +179,7 @@ def test_the_step_is_natgrad_from_grads_and_fits_step(store):
     pyro.set_rng_seed(3)
     loss = elbo().differentiable_loss(b.model, b.guide, X, y, num_data=N)
     loss.backward()
-    natgrad_from_grads_(b.q_u, 0.3)
+    natgrad_from_grads_(b.q_u, 0.3, retraction=True)  # the default of both under a Monte Carlo ELBO
     rest = [p for n, p in b.named_parameters() if "q_u" not in n and p.requires_grad]
     torch.optim.Adam(rest, lr=0.02).step()
 
@@ -210,6 +267,10 @@ def test_the_step_length_and_the_wrapped_optimiser_are_checked():
     for bad in (0.0, -0.1, 1.5, float("nan"), "0.1", True):
         with pytest.raises(ValueError, match=r"\(0, 1\]"):
             NaturalGradient(adam, natgrad_lr=bad)
+    with pytest.raises(ValueError, match="pass that optimiser to SVI itself"):  # not fit's "leave natgrad_lr=None"
+        NaturalGradient(adam, natgrad_lr=None)
+    assert repr(NaturalGradient(adam, 0.1)) == "NaturalGradient(Adam, natgrad_lr=0.1)"  # the wrapped torch class
+    assert "retraction=False" in repr(NaturalGradient(adam, 0.1, retraction=False))
     for bad in (torch.optim.Adam, {"lr": 0.01}, None, NaturalGradient(adam, 0.1)):
         with pytest.raises(TypeError, match="pyro.optim.PyroOptim"):
             NaturalGradient(bad, natgrad_lr=0.1)

@@ -45,7 +45,8 @@ def test_natural_gradient_optimiser_follows_the_warmup():
     X = torch.rand(30, 1, generator=g).to(torch.get_default_dtype()) * 4 - 2
     y = torch.sin(2 * X[:, 0])
     gp = ps.SVGP(RBF(1, lengthscale=torch.tensor(0.8)), X[:5].clone(), ps.Gaussian(0.1), whiten=True)
-    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=0.5, warmup=3, warmup_start=0.01)
+    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=0.5, warmup=3, warmup_start=0.01,
+                          retraction=False)  # the plain step: a fraction rho of the way, exactly
     assert opt.natgrad_lr == 0.5 and "warmup=3" in repr(opt)
     params = [gp.q_u.u_loc_unconstrained, gp.q_u.u_scale_tril_unconstrained]
     prev_star = None
