@@ -91,6 +91,15 @@ class SVGP(LayerData, Prediction, PyroModule):
         self.q_u = GaussianQ(inducing.num_inducing, num_outputs, scale_tril)
         self.strategy = Strategy(self)
 
+    def _pyro_set_supermodule(self, name: str, context) -> None:
+        """Keep the layer's own name as the prefix of its parameters when it becomes an attribute of another
+        ``PyroModule``. Pyro would rename them to the attribute path (``"gp.inducing.Z"`` for every instance of a
+        user's module that holds a layer as ``self.gp``, or beside a model of this package named ``"gp"``), and
+        under Pyro's global parameter store two such models would read and train one set of parameters (the second
+        adopting the first's, even with another shape). The name is unique by default (:mod:`~pyro_sparsegp.naming`)
+        and prefixes the layer's sample sites too; the parent's Pyro context is shared as Pyro does."""
+        super()._pyro_set_supermodule(self.name, context)
+
     @property
     def Z(self) -> torch.Tensor:
         """The inducing inputs (or inducing patches) ``[M, d]`` or ``[L, M, d]``: ``self.inducing.Z``."""

@@ -114,3 +114,42 @@ def test_an_explicit_name_held_by_a_module_awaiting_the_collector_is_free():
         del old
         new = ps.SVGP(RBF(2), X[:8].clone(), ps.Gaussian(0.1), name="cyc")  # warnings are errors in this suite
         assert new.predict(X)[0].shape == (len(X),)
+
+
+class _Owner(pyro.nn.PyroModule):
+    """A user's module holding a layer as an attribute (Pyro names a submodule's parameters by its attribute path)."""
+
+    def __init__(self, Z):
+        super().__init__()
+        self.gp = ps.SVGP(RBF(2), Z, ps.Gaussian(0.1))
+
+    def model(self, X, y=None, num_data=None):
+        return self.gp.model(X, y, num_data=num_data)
+
+    def guide(self, X, y=None, num_data=None):
+        return self.gp.guide(X, y, num_data=num_data)
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["global_store", "module_local"])
+def test_layers_inside_two_instances_of_a_users_module_stay_apart(local):
+    """Two instances of one user ``PyroModule`` class, each holding an SVGP as ``self.gp``, and a model of the
+    package named ``"gp"`` beside them: training one never moves another, and none adopts another's ``Z`` (under the
+    global store Pyro would name all three layers' parameters ``gp.*``)."""
+    with pyro.settings.context(module_local_params=local):
+        X, y = _data()
+        plain = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(0.1))
+        a = _Owner(X[:8].clone())
+        ps.infer.fit(plain, X, y, num_steps=10, batch_size=40, progress=False)
+        ps.infer.fit(a, X, y, num_steps=10, batch_size=40, progress=False)
+        before = [t.clone() for t in (*plain.predict(X), *a.gp.predict(X))]
+        b = _Owner(X[:12].clone())
+        ps.infer.fit(b, X, -y, num_steps=10, batch_size=40, progress=False)
+        SVI(b.model, b.guide, pyro.optim.Adam({"lr": 0.05}), Trace_ELBO()).step(X, -y)
+        assert len({plain.name, a.gp.name, b.gp.name}) == 3
+        assert (plain.Z.shape, a.gp.Z.shape, b.gp.Z.shape) == ((5, 2), (8, 2), (12, 2))
+        for now, then in zip((*plain.predict(X), *a.gp.predict(X)), before, strict=True):
+            assert torch.equal(now, then)
+        if not local:  # the parameters live under each layer's own name, the prefix of its sites
+            store = pyro.get_param_store()
+            assert store[f"{b.gp.name}.inducing.Z"].shape == (12, 2)
+            assert store[f"{a.gp.name}.inducing.Z"].shape == (8, 2)
