@@ -140,11 +140,11 @@ def run_one(method, X, y, Xt, yt, frac, args, seed):
     gp = build(X, y, M, seed)
     t0 = time.perf_counter()
     if method in ("ep", "sep"):
-        st = ps.infer.fit_ep(gp, X, y, method=method, num_iters=args.iters, seed=seed)
+        st = ps.infer.fit_ep(gp, X, y, method=method, num_iters=args.iters, seed=seed, progress=False)
         per_iter = st.time_per_iteration
         extra = {"skipped": st.skipped, "log_evidence": st.log_evidence[-1]}
     elif method == "gfitc":
-        st = ps.infer.fit_gfitc(gp, X, y, num_iters=args.gfitc_iters)
+        st = ps.infer.fit_gfitc(gp, X, y, num_iters=args.gfitc_iters, progress=False)
         per_iter = st.seconds / max(1, st.lbfgs_iterations)
         extra = {"log_evidence": st.log_evidence[-1], "ep_runs": st.evaluations, "ep_sweeps": sum(st.ep_iterations),
                  "lbfgs_iters": st.lbfgs_iterations, "ep_not_converged": st.converged.count(False)}

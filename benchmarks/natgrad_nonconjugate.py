@@ -114,7 +114,7 @@ def digits_rows(args) -> list:
         pyro.clear_param_store()
         gp = build_classifier(X, lik)
         if method == "ep":
-            secs, fail = _run(lambda gp=gp: ps.infer.fit_ep(gp, X, y))
+            secs, fail = _run(lambda gp=gp: ps.infer.fit_ep(gp, X, y, progress=False))
         else:
             secs, fail = _run(lambda gp=gp, m=method, s=steps: ps.infer.fit(
                 gp, X, y, num_steps=s, batch_size=len(X), progress=False, **VI[m]))

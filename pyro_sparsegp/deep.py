@@ -9,6 +9,7 @@ import torch
 from pyro.contrib.gp import kernels as pk
 
 from .inducing import kmeans
+from .inputs import as_tensor
 from .layers import SOLVEGP, SVGP
 from .layers.deep import DeepGP, sample_marginal
 from .mean_functions import FixedProjection
@@ -18,10 +19,22 @@ __all__ = ["DeepGP", "build_deep_gp", "init_inducing", "sample_marginal"]
 
 
 # -- initialisation -----------------------------------------------------------------------------------------------
+def _inputs(X) -> torch.Tensor:
+    """``X`` ``[N, D]`` as a tensor in the default dtype (numpy, lists and pandas too, as the layers take them)."""
+    X = as_tensor(X, "X")
+    if X.dim() != 2:
+        hint = " (one input column: X.reshape(-1, 1))" if X.dim() == 1 else ""
+        raise ValueError(f"X must be [N, D], one row per input{hint}; got shape {tuple(X.shape)}")
+    return X
+
+
 def init_inducing(X: torch.Tensor, M: int, method: str = "kmeans", seed: int = 0) -> torch.Tensor:
     """``M`` inducing inputs ``[M, D]`` from the data ``X`` ``[N, D]``: k-means centres started from ``M`` random
     points (:func:`pyro_sparsegp.inducing.init.kmeans`, as the reference code of Salimbeni & Deisenroth 2017 does with
-    ``scipy.cluster.vq.kmeans2(..., minit="points")``), or (``method="random"``) a random subset of the rows."""
+    ``scipy.cluster.vq.kmeans2(..., minit="points")``), or (``method="random"``) a random subset of the rows; with
+    ``M > N`` rows drawn with replacement (repeated inputs, which the Cholesky's jitter then has to absorb). ``X``:
+    a tensor, numpy array, list or pandas frame, taken in the default dtype."""
+    X = _inputs(X)
     N = X.shape[0]
     g = torch.Generator().manual_seed(seed)
     if method == "random" or M >= N:
@@ -62,7 +75,8 @@ def build_deep_gp(
     * ``q(u) = N(0, hidden_scale^2 * prior covariance)`` in hidden layers ("start things deterministic": each hidden
       layer starts as its mean function), the prior in the last layer.
 
-    :param X: training inputs ``[N, D]`` (standardised).
+    :param X: training inputs ``[N, D]`` (standardised; a tensor, numpy array, list or pandas frame, in the default
+        dtype).
     :param hidden_dims: widths ``D_1 .. D_{L-1}`` of the hidden layers (``[]``: a one-layer model, an SVGP).
     :param likelihood: of the last layer.
     :param num_outputs: of the last layer (``None``: one output; ``K`` for a ``K``-class likelihood).
@@ -75,7 +89,11 @@ def build_deep_gp(
     if kernel not in kernels:
         raise ValueError(f"kernel must be one of {sorted(kernels)}, got {kernel!r}")
     M, M2 = num_inducing, num_orthogonal
-    X_run = X.detach()
+    X_run = _inputs(X).detach()
+    if M + M2 > X_run.shape[0]:
+        raise ValueError(f"num_inducing + num_orthogonal = {M + M2} inducing inputs per layer from N = "
+                         f"{X_run.shape[0]} training inputs would repeat inputs (k-means has at most N distinct "
+                         f"centres); use at most {X_run.shape[0]}")
     Z_run = init_inducing(X_run, M + M2, init, seed)
     dims = list(hidden_dims) + [num_outputs]
     layers = []

@@ -56,6 +56,7 @@ through the same code.
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -79,6 +80,7 @@ from .ep_sites import (  # noqa: F401  (ep_refine, _fitc_stats: public and test 
     _write_q,
     ep_refine,
 )
+from .progress import Progress
 
 __all__ = ["fit_ep", "EPState", "ep_log_evidence", "ep_refine", "ep_surrogate"]
 
@@ -211,6 +213,7 @@ def fit_ep(
     seed: int = 0,
     state: EPState | None = None,
     callback=None,
+    progress: bool = True,
 ) -> EPState:
     r"""Fit ``module`` (``SVGP(kernel, Z, RobustMax(K), num_outputs=K)``) by EP or SEP (Villacampa-Calvo and
     Hernández-Lobato 2017; see the module docstring) and write the Gaussian ``q(u_k)`` of each class into
@@ -231,6 +234,8 @@ def fit_ep(
     :param lr: Adam learning rate in minibatch mode.
     :param state: continue from a previous :class:`EPState` (same data).
     :param callback: ``callback(iteration, state)`` after every iteration.
+    :param progress: show the iterations (with the log evidence in batch mode), as
+        :func:`~pyro_sparsegp.infer.fit` shows its steps (a bar on a terminal, plain lines in a log file).
     :returns: the :class:`EPState` (``log_evidence`` per batch iteration, ``seconds`` per iteration, ``skipped``).
     """
     X, y, own, F, batch, state = _prepare(module, X, y, method, batch_size, damping, state)
@@ -241,26 +246,31 @@ def fit_ep(
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(N, generator=gen, device="cpu")
     pos = 0
-    for it in range(num_iters):
-        t0 = time.perf_counter()
-        if batch:
-            if pos + batch_size > N:
-                order, pos = torch.randperm(N, generator=gen, device="cpu"), 0
-            idx = order[pos : pos + batch_size]
-            pos += batch_size
-        else:
-            idx = None
-        delta = 1.0 if batch else damping * damping_decay**state.iteration
-        new, ok, logz, ownb = _refine_and_step(module, state, X, y, own, F, idx, delta, params, opt)
-        state.skipped += int((~ok & ~ownb).sum())
-        state.updated += int((ok & ~ownb).sum())
-        new()
-        state.iteration += 1
-        if not batch:
-            state.log_evidence.append(float(logz))
-        state.seconds.append(time.perf_counter() - t0)
-        if callback is not None:
-            callback(it, state)
+    bar = Progress(int(num_iters), enabled=progress, desc=f"fit_ep ({method})", metric="log Z")
+    try:
+        for it in range(num_iters):
+            t0 = time.perf_counter()
+            if batch:
+                if pos + batch_size > N:
+                    order, pos = torch.randperm(N, generator=gen, device="cpu"), 0
+                idx = order[pos : pos + batch_size]
+                pos += batch_size
+            else:
+                idx = None
+            delta = 1.0 if batch else damping * damping_decay**state.iteration
+            new, ok, logz, ownb = _refine_and_step(module, state, X, y, own, F, idx, delta, params, opt)
+            state.skipped += int((~ok & ~ownb).sum())
+            state.updated += int((ok & ~ownb).sum())
+            new()
+            state.iteration += 1
+            if not batch:
+                state.log_evidence.append(float(logz))
+            state.seconds.append(time.perf_counter() - t0)
+            bar.update(1, None if batch else state.log_evidence[-1])
+            if callback is not None:
+                callback(it, state)
+    finally:
+        bar.close()
     finish(module, X, y, state)
     return state
 
@@ -276,6 +286,10 @@ def _prepare(module, X, y, method, batch_size, damping, state):
         raise ValueError(f"X must be [N, D], got shape {tuple(X.shape)}")
     if not 0.0 < damping <= 1.0:
         raise ValueError(f"damping must be in (0, 1], got {damping}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
+                                   or batch_size < 1):
+        raise ValueError(f"batch_size must be an integer >= 1 (minibatch mode) or None (batch mode: all points), got "
+                         f"{batch_size!r}")
     y = y.long()
     N = X.shape[0]
     own = torch.nn.functional.one_hot(y, K).bool()

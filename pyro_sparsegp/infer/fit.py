@@ -36,6 +36,7 @@ import pyro
 import torch
 from torch.utils.data import DataLoader
 
+from ..composition import sampled_attributes
 from ..inputs import as_tensor
 from ..naming import check_not_superseded
 from .batches import BatchSource, EpochBatchSampler, _first_batch, _round_keys, permute_positions  # noqa: F401
@@ -184,6 +185,12 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
         raise TypeError('elbo must be a Pyro ELBO with differentiable_loss, or "analytic"')
     if elbo == "analytic" and not hasattr(module, "analytic_elbo"):
         raise TypeError(f'elbo="analytic" needs a module with analytic_elbo; {type(module).__name__} has none')
+    if elbo == "analytic" and (sampled := sampled_attributes(module, names=False)):
+        where = ", ".join(f"{type(sub).__name__}.{attr}" for sub, attr, _ in sampled)
+        raise ValueError(f"fit's closed-form bound needs fixed hyperparameters, and {where} is a PyroSample "
+                         "(a hyperprior): train this model with SVI and a guide for it beside the layer's guide, "
+                         "e.g. AutoGuideList with an AutoNormal (docs/composing.md), with "
+                         "ps.infer.NaturalGradient for q(u)")
     sync_every = (20 if device.type != "cpu" else 1) if sync_every is None else _int("sync_every", sync_every, 1)
     return _Arguments(X, y, num_data, num_steps, batch_size, lr, natgrad_lr, elbo, seed, checkpoint_every,
                       sync_every, dtype, device, plan)

@@ -62,6 +62,7 @@ import torch
 from ..linalg import cholesky
 from ..mean_functions import Zero
 from .ep_sites import _aggregate, _check_module, _fitc_stats, _gauss, _log_norm, _proj, _write_q
+from .progress import Progress
 
 __all__ = ["fit_gfitc", "GFITCState", "GFITCConvergenceWarning", "gfitc_log_evidence", "gfitc_marginals",
            "gfitc_refine", "gfitc_surrogate"]
@@ -306,6 +307,7 @@ def fit_gfitc(
     damping: float = 0.5,
     state: GFITCState | None = None,
     callback=None,
+    progress: bool = True,
 ) -> GFITCState:
     r"""Fit ``module`` (``SVGP(kernel, Z, RobustMax(K), num_outputs=K)``, as for :func:`fit_ep`) by GFITC (module
     docstring; Villacampa-Calvo and Hernández-Lobato 2017, section 3) and write the Gaussian ``q(u_k)`` of each
@@ -323,6 +325,9 @@ def fit_gfitc(
     :param damping: ``delta`` of the damped update ``site <- delta new + (1 - delta) old``, in ``(0, 1]``.
     :param state: continue from a previous :class:`GFITCState` (same data): EP starts from its sites.
     :param callback: ``callback(evaluation, state)`` after every EP run.
+    :param progress: show the EP runs (at most ``1.25 num_iters + 1``: L-BFGS's evaluations, then the final one)
+        with the log evidence, as :func:`~pyro_sparsegp.infer.fit` shows its steps (a bar on a terminal, plain lines
+        in a log file).
     :returns: the :class:`GFITCState` (per EP run: ``log_evidence``, ``ep_iterations``, ``converged``).
     """
     if int(num_iters) != num_iters or num_iters < 0:
@@ -343,7 +348,26 @@ def fit_gfitc(
     params = [p for n, p in module.named_parameters() if not n.startswith("q_u") and p.requires_grad]
     params = params if learn_hyperparameters and num_iters > 0 else []
 
-    ep = (damping, tol, int(max_ep_iters), callback)
+    bar = Progress(int(num_iters * 1.25) + 1 if params else 1, enabled=progress, desc="fit_gfitc",
+                   metric="log Z")
+
+    def report(evaluation, st):
+        bar.update(1, st.log_evidence[-1])
+        if callback is not None:
+            callback(evaluation, st)
+
+    ep = (damping, tol, int(max_ep_iters), report)
+    try:
+        _lbfgs_then_ep(module, X, y, own, state, ep, params, num_iters)
+    finally:
+        bar.close()
+    state.seconds += time.perf_counter() - t0
+    return state
+
+
+def _lbfgs_then_ep(module, X, y, own, state, ep, params, num_iters) -> None:
+    """:func:`fit_gfitc`'s work: L-BFGS on ``-log Z_EP`` (EP to convergence at every evaluation), then EP at the final
+    hyper-parameters and ``q(u)`` written into ``module``. ``X [N, D]``, ``own [N, K]``."""
     if params:
         opt = torch.optim.LBFGS(params, lr=1.0, max_iter=int(num_iters), line_search_fn="strong_wolfe")
 
@@ -365,5 +389,3 @@ def fit_gfitc(
         L, W, d = _fitc_stats(module, X)
         Lam, eta, _ = _u_sites(W, d, *_totals(state.sites, own))
         _write_q(module, L, Lam, eta)
-    state.seconds += time.perf_counter() - t0
-    return state

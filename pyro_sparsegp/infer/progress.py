@@ -36,13 +36,15 @@ class Progress:
     :param file: the stream (default ``sys.stderr`` at the time of the call).
     :param float every: fraction of the run between two lines (line mode).
     :param float seconds: the most seconds between two lines (line mode).
+    :param str metric: the name shown beside the value given to :meth:`update` (``"elbo"``; EP: ``"log Z"``).
     """
 
     def __init__(self, total: int, initial: int = 0, enabled: bool = True, desc: str = "fit", mode: str = "auto",
-                 file=None, every: float = 0.05, seconds: float = 30.0):
+                 file=None, every: float = 0.05, seconds: float = 30.0, metric: str = "elbo"):
         if mode not in ("auto", "bar", "lines"):
             raise ValueError(f"mode must be 'auto', 'bar' or 'lines', got {mode!r}")
         self.total, self.step, self.desc, self.enabled = int(total), int(initial), desc, bool(enabled)
+        self.metric = metric
         self.file = sys.stderr if file is None else file
         self.every = max(1, int(round(every * max(self.total, 1))))
         self.seconds = float(seconds)
@@ -82,7 +84,7 @@ class Progress:
         if self._bar is not None:
             self._bar.update(n)
             if elbo is not None:
-                self._bar.set_postfix(elbo=f"{elbo:.4g}", refresh=False)
+                self._bar.set_postfix({self.metric: f"{elbo:.4g}"}, refresh=False)
             return
         now = time.perf_counter()
         due = self.step // self.every > self._last_step // self.every or now - self._last_time >= self.seconds
@@ -93,7 +95,7 @@ class Progress:
         elapsed = now - self._start
         rate = (self.step - self._start_step) / elapsed if elapsed > 0 else float("nan")
         pct = 100.0 * self.step / self.total if self.total else 100.0
-        elbo = "" if self._elbo is None else f"  elbo {self._elbo:.4g}"
+        elbo = "" if self._elbo is None else f"  {self.metric} {self._elbo:.4g}"
         print(f"{self.desc}: step {self.step}/{self.total} ({pct:.0f}%){elbo}  {rate:.1f} steps/s  {elapsed:.1f} s",
               file=self.file, flush=True)
         self._last_time, self._last_step = now, self.step

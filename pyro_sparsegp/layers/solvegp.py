@@ -40,6 +40,7 @@ import torch
 from .. import covariances as cov
 from .. import inducing as ind
 from ..composition import layer_method, sampled_attributes
+from ..inputs import as_tensor
 from ..validation import check_orthogonal_inputs
 from ..variational import GaussianQ, OrthogonalStrategy
 from ..variational.structured import structured_svgp_params
@@ -83,6 +84,8 @@ class SOLVEGP(OrthogonalInputs, SVGP):
     def __init__(self, kernel, Z, O, likelihood=None, num_outputs=None, whiten=True, name=None, integrate_f=None,
                  jitter=None, odvgp=False, mean_function=None):
         super().__init__(kernel, Z, likelihood, num_outputs, whiten, name, integrate_f, jitter, mean_function)
+        if not isinstance(O, ind.InducingVariables):
+            O = as_tensor(O, "O")  # numpy, lists, pandas (checked below as a tensor O is)
         if torch.is_tensor(O) and isinstance(self.inducing, ind.InducingPoints):
             check_orthogonal_inputs(O, self.Z)
         orthogonal = ind.as_inducing(O)  # O: a tensor (inducing points) or inducing variables like Z's

@@ -374,6 +374,9 @@ def test_errors():
         fit_ep(ps.SVGP(RBF(2), X[:3], ps.Bernoulli()), X, y)
     with pytest.raises(ValueError, match="state"):
         fit_ep(gp, X, y, method="sep", state=EPState("ep"))
+    for bad in (0, -5, 2.5, True):  # not a ZeroDivisionError in the minibatch loop
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+            fit_ep(gp, X, y, batch_size=bad)
 
 
 @pytest.mark.float64  # the dense reference inverts Kuu explicitly
@@ -412,3 +415,16 @@ def test_ep_gfitc_and_mfsp_use_the_pair_covariances_of_inducing_patches():
         with torch.enable_grad():
             fn(gp, X, y, num_iters=2)
         assert torch.isfinite(gp.predict(X)[0]).all()
+
+
+def test_progress_writes_plain_lines_to_a_log(capsys):
+    """fit_ep shows its iterations as fit shows its steps: in a log file (stderr not a terminal) plain lines, the
+    last one at 100 % with the log evidence (batch EP), no carriage returns; progress=False writes nothing."""
+    gp, X, y = _problem()
+    fit_ep(gp, X, y, num_iters=20, learn_hyperparameters=False)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("fit_ep (ep): step")]
+    assert lines and lines[-1].startswith("fit_ep (ep): step 20/20 (100%)  log Z ") and "\r" not in err
+    gp, X, y = _problem()
+    fit_ep(gp, X, y, num_iters=5, learn_hyperparameters=False, progress=False)
+    assert "fit_ep" not in capsys.readouterr().err

@@ -296,3 +296,15 @@ def test_errors():
     with pytest.raises(ValueError, match="state"):
         fit_gfitc(gp, X[:-1], y[:-1], state=st)
     assert isinstance(st, GFITCState) and st.evaluations == 1
+
+
+def test_progress_reports_each_ep_run_with_its_log_evidence(capsys):
+    """fit_gfitc shows its EP runs (L-BFGS evaluations, then the final one) in plain lines in a log; the last line
+    carries the final run's log Z_EP."""
+    gp, X, y = _problem()
+    st = fit_gfitc(gp, X, y, num_iters=3)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fit_gfitc: step")]
+    assert lines and f"log Z {st.log_evidence[-1]:.4g}" in lines[-1]
+    assert f"step {len(st.log_evidence)}/" in lines[-1]
+    fit_gfitc(gp, X, y, num_iters=0, progress=False)
+    assert "fit_gfitc" not in capsys.readouterr().err

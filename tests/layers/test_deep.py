@@ -340,6 +340,23 @@ def test_initialisation():
     torch.testing.assert_close(l2.q_u.u_scale_tril, torch.eye(10))
 
 
+def test_build_deep_gp_takes_numpy_and_names_bad_inputs():
+    """``build_deep_gp`` takes inputs as the layers do (numpy, lists; the default dtype), and refuses a 1-D ``X`` and
+    more inducing inputs than data points with a message that says what to do."""
+    X = torch.randn(40, 3, dtype=torch.float64)
+    ref = build_deep_gp(X.to(torch.get_default_dtype()), [2], ps.Gaussian(), num_inducing=8, seed=1)
+    for given in (X.numpy(), X.tolist()):
+        dgp = build_deep_gp(given, [2], ps.Gaussian(), num_inducing=8, seed=1)
+        for a, b in zip(dgp.layers, ref.layers, strict=True):
+            assert a.Z.dtype == torch.get_default_dtype()
+            torch.testing.assert_close(a.Z, b.Z)
+    assert init_inducing(X.numpy(), 5, "random").shape == (5, 3)
+    with pytest.raises(ValueError, match=r"reshape\(-1, 1\)"):
+        build_deep_gp(X[:, 0], [2], ps.Gaussian())
+    with pytest.raises(ValueError, match="use at most 40"):
+        build_deep_gp(X, [2], ps.Gaussian(), num_inducing=30, num_orthogonal=20)
+
+
 def test_subsampling_plate_and_num_data_scale_alike():
     """``subsample_size`` (the plate draws the minibatch) and ``num_data`` (X is the minibatch) both scale the
     likelihood by N / B."""

@@ -71,6 +71,20 @@ def test_data_is_converted_or_refused():
     assert all(torch.isfinite(v).all() for v in gp.state_dict().values())
 
 
+def test_a_hyperprior_is_refused_by_the_closed_form_bound_naming_the_way_to_train_it():
+    """A PyroSample hyperparameter has no value for fit's closed-form bound: refused at entry, naming the attribute
+    and SVI with a guide for it (not the prediction advice that a first call of the bound would give)."""
+    import pyro.distributions as dist
+    from pyro.nn import PyroSample
+
+    X, y = _data()
+    k = RBF(1)
+    k.lengthscale = PyroSample(dist.LogNormal(0.0, 1.0))
+    gp = ps.SVGP(k, torch.linspace(-3, 3, 5).unsqueeze(-1), ps.Gaussian(0.5))
+    with pytest.raises(ValueError, match="RBF.lengthscale is a PyroSample.*SVI and a guide for it"):
+        fit(gp, X, y, num_steps=3, progress=False, callback=_no_step)
+
+
 def test_a_checkpoint_in_a_missing_folder_is_refused_at_entry(tmp_path):
     path = tmp_path / "no" / "such" / "ckpt.pt"
     _refuses("folder of checkpoint .*ckpt.pt.* does not exist", checkpoint=str(path))
