@@ -21,7 +21,8 @@ import weakref
 
 import pyro
 
-__all__ = ["ParamStoreWarning", "unique_name", "register_name", "claim_name", "check_not_superseded"]
+__all__ = ["ParamStoreWarning", "KeepsOwnName", "unique_name", "register_name", "claim_name",
+           "check_not_superseded"]
 
 _LIVE: dict[str, weakref.ref] = {}  # name -> the live module that holds it
 
@@ -29,6 +30,19 @@ _LIVE: dict[str, weakref.ref] = {}  # name -> the live module that holds it
 class ParamStoreWarning(UserWarning):
     """A module took over a name (and Pyro's global parameter store entries) of an earlier, still live module
     (see :mod:`pyro_sparsegp.naming`). A warning: implements no paper equation."""
+
+
+class KeepsOwnName:
+    """A ``PyroModule`` mixin (before ``PyroModule`` in the bases) for a module whose ``name`` attribute prefixes its
+    parameters: it keeps that prefix when the module becomes an attribute of another ``PyroModule``. Pyro would
+    rename the parameters to the attribute path (``"gp.inducing.Z"`` for every instance of a user's module that
+    holds a layer as ``self.gp``, or beside a model of this package named ``"gp"``), and under Pyro's global parameter
+    store two such models would read and train one set of parameters (the second adopting the first's, even with
+    another shape). The name is unique by default (module docstring) and prefixes the module's sample sites too; the
+    parent's Pyro context is shared as Pyro does. No tensors, so shapes do not apply."""
+
+    def _pyro_set_supermodule(self, name: str, context) -> None:
+        super()._pyro_set_supermodule(self.name, context)
 
 
 def _holder(name: str):

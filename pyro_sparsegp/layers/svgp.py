@@ -26,7 +26,7 @@ from ..composition import BoundModule, check_plate_alignment, draw_hyperparamete
 from ..distributions import MarginalizedLikelihood
 from ..likelihoods import Likelihood
 from ..linalg import cholesky
-from ..naming import claim_name, unique_name
+from ..naming import KeepsOwnName, claim_name, unique_name
 from ..variational import GaussianQ, Strategy
 from ..variational.cache import take
 from .base import LayerData, as_inputs, layer_arguments
@@ -35,7 +35,7 @@ from .prediction import Prediction
 __all__ = ["SVGP"]
 
 
-class SVGP(LayerData, Prediction, PyroModule):
+class SVGP(LayerData, Prediction, KeepsOwnName, PyroModule):
     r"""Sparse variational GP (Hensman, Fusi, Lawrence 2013; Hensman, Matthews, Ghahramani 2015).
 
     :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel` (its hyperparameters are trained).
@@ -90,15 +90,6 @@ class SVGP(LayerData, Prediction, PyroModule):
                 scale_tril = cholesky(cov.Kuu(inducing, kernel), jitter)
         self.q_u = GaussianQ(inducing.num_inducing, num_outputs, scale_tril)
         self.strategy = Strategy(self)
-
-    def _pyro_set_supermodule(self, name: str, context) -> None:
-        """Keep the layer's own name as the prefix of its parameters when it becomes an attribute of another
-        ``PyroModule``. Pyro would rename them to the attribute path (``"gp.inducing.Z"`` for every instance of a
-        user's module that holds a layer as ``self.gp``, or beside a model of this package named ``"gp"``), and
-        under Pyro's global parameter store two such models would read and train one set of parameters (the second
-        adopting the first's, even with another shape). The name is unique by default (:mod:`~pyro_sparsegp.naming`)
-        and prefixes the layer's sample sites too; the parent's Pyro context is shared as Pyro does."""
-        super()._pyro_set_supermodule(self.name, context)
 
     @property
     def Z(self) -> torch.Tensor:
