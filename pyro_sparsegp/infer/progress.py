@@ -20,13 +20,25 @@ __all__ = ["Progress"]
 
 
 def _in_notebook_with_widgets() -> bool:
-    if "ipykernel" not in sys.modules:
+    """Running in a Jupyter kernel (an IPython shell of the kernel's class, not only ``ipykernel`` imported, as a
+    test process that runs notebooks has it) with ``ipywidgets`` installed."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
         return False
     try:
         import ipywidgets  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+def _warnings_recorded() -> bool:
+    """A ``warnings.catch_warnings(record=True)`` is active (pytest's, or a user's): its list takes the warnings, so
+    the bar must not reroute them."""
+    impl = getattr(warnings, "_showwarnmsg_impl", None)
+    return getattr(impl, "__module__", "warnings") != "warnings" or warnings.showwarning is not getattr(
+        warnings, "_showwarning_orig", warnings.showwarning)
 
 
 class Progress:
@@ -66,6 +78,8 @@ class Progress:
         else:
             from tqdm import tqdm
         self._bar = tqdm(total=self.total, initial=self.step, desc=self.desc, file=self.file, dynamic_ncols=True)
+        if _warnings_recorded():  # a recorder or another hook already owns the warnings
+            return
         self._old_showwarning = warnings.showwarning
         bar_cls, stream = type(self._bar), self.file
 
@@ -103,12 +117,12 @@ class Progress:
     def close(self) -> None:
         """Close the bar (and give ``warnings.showwarning`` back); in line mode, write the last line if it is not
         written yet."""
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+        bar, self._bar = self._bar, None
+        if bar is not None:
+            bar.close()
         if self._old_showwarning is not None:
             warnings.showwarning = self._old_showwarning
             self._old_showwarning = None
-        elif self.enabled and self._last_step != self.step:
+        if bar is None and self.enabled and self._last_step != self.step:
             self._line(time.perf_counter())
         self.enabled = False

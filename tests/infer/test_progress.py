@@ -11,6 +11,7 @@ import torch
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
+from pyro_sparsegp.infer import progress
 from pyro_sparsegp.infer.progress import Progress
 
 
@@ -52,7 +53,8 @@ def test_disabled_progress_writes_nothing(monkeypatch):
 
 
 @pytest.mark.filterwarnings("default::UserWarning")
-def test_a_warning_lands_above_the_bar_not_inside_it():
+def test_a_warning_lands_above_the_bar_not_inside_it(monkeypatch):
+    monkeypatch.setattr(progress, "_warnings_recorded", lambda: False)  # as outside pytest's own recorder
     buf = io.StringIO()
     shown = warnings.showwarning
     p = Progress(10, file=buf, mode="bar")
@@ -71,3 +73,29 @@ def test_a_warning_lands_above_the_bar_not_inside_it():
 def test_bad_mode_is_refused():
     with pytest.raises(ValueError, match="mode must be"):
         Progress(10, mode="fancy")
+
+
+def test_a_bar_leaves_recorded_warnings_to_their_recorder():
+    """Under ``warnings.catch_warnings(record=True)`` (a user's, or pytest's) a bar does not reroute warnings: they
+    reach the record list, not the stream."""
+    buf = io.StringIO()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        p = Progress(10, file=buf, mode="bar")
+        warnings.warn("jitter raised", UserWarning, stacklevel=1)
+        p.update(10, elbo=-1.0)
+        p.close()
+    assert [str(w.message) for w in seen] == ["jitter raised"] and "jitter raised" not in buf.getvalue()
+
+
+def test_an_imported_ipykernel_is_not_a_notebook(monkeypatch):
+    """A process that imported ipykernel (a test run that executes notebooks) but is not a kernel writes lines."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    assert not progress._in_notebook_with_widgets()
+    buf = io.StringIO()
+    p = Progress(4, file=buf)
+    p.update(4, elbo=-1.0)
+    p.close()
+    assert buf.getvalue().startswith("fit: step 4/4 (100%)")
