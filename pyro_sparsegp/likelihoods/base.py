@@ -59,6 +59,24 @@ class Likelihood(PyroModule):
             raise ValueError(f"num_gh (Gauss-Hermite nodes) must be a positive integer, got {num_gh!r}")
         self.num_gh = int(num_gh)
 
+    def __getattr__(self, name: str):
+        """Pyro's attribute look-up, except that a ``PyroSample`` attribute (e.g. a hyperprior on the noise) read
+        outside a Pyro program raises instead of returning a fresh draw from its prior: outside the module's context
+        (a layer method, SVI, ``Predictive``) Pyro ignores ``poutine.condition``/``replay`` and samples the prior at
+        every read, so ``var + gp.likelihood.noise`` after training would add a random prior draw. A ``PyroSample``
+        of a fixed tensor is returned as Pyro does."""
+        samples = self.__dict__.get("_pyro_samples")
+        if samples is not None and name in samples and not isinstance(samples[name], torch.Tensor):
+            context = self.__dict__.get("_pyro_context")
+            if context is not None and not context.active:
+                raise RuntimeError(
+                    f"{type(self).__name__}.{name} is a PyroSample (a prior), and read outside a Pyro program Pyro "
+                    "draws it from the prior at every read, ignoring poutine.condition/replay. Take its value from "
+                    "your guide (e.g. guide.median()), or predict y with gp.predict(X, full=True) under "
+                    "poutine.condition(data=...) or poutine.replay(trace=...): that predictive distribution uses the "
+                    "conditioned value.")
+        return super().__getattr__(name)
+
     def num_nodes(self, f_var: torch.Tensor) -> int:
         """Gauss-Hermite nodes for q(f) of variance ``f_var``: ``num_gh`` while every standard deviation is at most
         2, else ``num_gh * sd_max / 2`` (at most ``max(100, num_gh)``). Likelihoods with a kink on the scale of 1

@@ -532,3 +532,21 @@ def test_hyperpriors_under_vectorised_particles_agree_with_sequential(cls, white
     singles = torch.tensor([Trace_ELBO(max_plate_nesting=nest).loss(gp.model, guide, X, y) for _ in range(P)])
     se = singles.std() / math.sqrt(P)
     assert abs(vec - singles.mean()) < 4 * math.sqrt(2) * se, (vec, singles.mean().item(), se.item())
+
+
+def test_a_hyperprior_noise_read_outside_a_pyro_program_raises_instead_of_drawing_the_prior():
+    """Pyro draws a PyroSample attribute read outside its module's context from the prior, ignoring
+    poutine.condition, so ``var + gp.likelihood.noise`` after training would add a random draw: the likelihood
+    refuses the read, naming the way that works, and ``predict(X, full=True)`` under ``poutine.condition`` gives the
+    predictive distribution with the conditioned noise."""
+    lik = ps.Gaussian()
+    lik.noise = PyroSample(dist.LogNormal(-2.0, 1.0))
+    gp = ps.SVGP(RBF(2), torch.randn(4, 2), lik, name="hpn")
+    with pytest.raises(RuntimeError, match="predict\\(X, full=True\\) under poutine.condition"):
+        gp.likelihood.noise  # noqa: B018
+    with pytest.raises(RuntimeError, match="PyroSample"), poutine.condition(data={"hpn.likelihood.noise": 0.05}):
+        gp.likelihood.noise  # noqa: B018  (a handler does not reach a bare read)
+    X = torch.randn(10, 2)
+    with poutine.condition(data={"hpn.likelihood.noise": torch.tensor(0.05)}):
+        _, var, pred = gp.predict(X, full=True)
+    torch.testing.assert_close(pred.variance, var + 0.05)
