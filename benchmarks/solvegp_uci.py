@@ -37,8 +37,12 @@ ODVGP and SVGP M, and writes the ratios (``ratio_8M_4M``, ``ratio_16M_8M``) as J
 ``O(M^3 + B M^2)`` (as SVGP M) plus ``(B + M + J) M2`` kernel evaluations (``K_fv a``, ``K_uv a``, ``K_{S,:} a``,
 through :func:`pyro_sparsegp.kernels.kernel_matvec`), so the ratio per doubling of M2 is small where the first part
 dominates: at the paper's M = 1024 with one thread (``--timing --M 1024 --threads 1``, 2-core CPU: 1.16 and 1.28;
-with two threads 1.28 and 1.44, as BLAS scales with the second thread and the blocked exp/sqrt barely do), not at
-M = 128 (1.26 and 1.49). On a 2-core CPU the full protocol (6 datasets x 5 splits x 100 epochs x 4 models at
+1.25 and 1.23 with the scratch blocks of ``kernel_matvec``, measured beside another job; with two threads 1.28 and
+1.44, as BLAS scales with the second thread and the blocked exp/sqrt barely do), not at M = 128 (1.23 and 1.41 on a
+quiet machine: SVGP M takes 15.7 ms and the ``M2`` part 13, 20 and 35 ms at 4M, 8M, 16M, of which the square root
+and the exponential of the Matérn kernel, 1.8 ns each per entry in float64 on this CPU and computed in the forward
+pass and again in the backward one, are half; under 1.3x at 8M -> 16M would need the ``M2`` part at 8M under
+7 ms). On a 2-core CPU the full protocol (6 datasets x 5 splits x 100 epochs x 4 models at
 M = 1024) takes days; ``--datasets/--splits/--epochs/--M/--max-train`` say what was run and every JSON row records
 it. ``--quick`` is a reduced protocol: kin40k, 1 split, M = 128 (+ 128), 50 epochs on 5,000 training points.
 ``--estimate`` times a few steps of each model per dataset and prints the projected time of the chosen protocol.
