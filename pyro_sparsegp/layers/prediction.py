@@ -35,7 +35,10 @@ class Prediction:
         if full:
             if self.likelihood is None:
                 raise ValueError("predict(full=True) needs a likelihood; this layer has none (a hidden layer)")
-            return out + (self.likelihood.predictive(mean, var),)
+            # an element-wise likelihood of L outputs predicts each output like y ([..., N, L]); one of K latent
+            # functions (multi-class) takes them in dim -2 ([..., K, N]) and predicts y [..., N]
+            elementwise = getattr(self.likelihood, "latent_dim", 1) == 1
+            return out + (self.likelihood.predictive(*(out if elementwise else (mean, var))),)
         return out
 
     @layer_method

@@ -160,3 +160,19 @@ def test_two_stacked_layers_train():
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
     assert all(p.grad is not None for p in params)
     _ = dist
+
+
+@pytest.mark.parametrize("N", [5, 3])  # N == L: a transposed predictive would broadcast silently
+def test_multi_output_predictive_is_laid_out_like_y(N):
+    """``predict(X, full=True)`` with ``L`` outputs: the predictive distribution of ``y*`` has ``y``'s layout
+    ``[N, L]``, entry ``(n, l)`` the Normal of output ``l`` at ``x_n`` with the noise added (an independent check from
+    ``mean``/``var``); a ``K``-class likelihood still predicts ``y* [N]``."""
+    X = torch.randn(40, 2)
+    Y = torch.stack([torch.sin(X[:, 0]), X[:, 1], X[:, 0] * X[:, 1]], -1)
+    gp = ps.SVGP(RBF(2), X[:6].clone(), ps.Gaussian(0.2), num_outputs=3)
+    mean, var, pred = gp.predict(X[:N], full=True)
+    assert mean.shape == var.shape == pred.batch_shape == (N, 3)
+    expected = torch.distributions.Normal(mean, (var + 0.2).sqrt()).log_prob(Y[:N])
+    torch.testing.assert_close(pred.log_prob(Y[:N]), expected)
+    clf = ps.SVGP(RBF(2), X[:6].clone(), ps.RobustMax(3))
+    assert clf.predict(X[:N], full=True)[2].batch_shape == (N,)
