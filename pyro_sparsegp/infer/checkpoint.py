@@ -64,11 +64,26 @@ def _read_checkpoint(path) -> dict:
     return payload
 
 
+def _check_optimizer_layout(path, optimizer, saved: dict) -> None:
+    """A ``ValueError`` naming the file if the checkpoint's optimiser state has other parameter groups than
+    ``optimizer`` (a run with natural gradients on against one with them off, another ``natgrad_layers`` or ``elbo``:
+    they hand Adam different parameters), before anything is loaded."""
+    ours = [len(g["params"]) for g in optimizer.param_groups]
+    theirs = [len(g.get("params", ())) for g in saved.get("param_groups", ())]
+    if ours != theirs:
+        raise ValueError(
+            f"checkpoint {path!r} was written by a run whose Adam trained other parameters (groups of {theirs} "
+            f"tensors; this run: {ours}): resume with the same natgrad_lr kind (natural gradients on or off), "
+            "natgrad_layers and elbo as the run that wrote it (or start afresh without resume)")
+
+
 def load_checkpoint(path, module, optimizer=None, expect: dict | None = None) -> FitState:
     """Restore what :func:`save_checkpoint` wrote into ``module`` (and ``optimizer``); returns the
     :class:`FitState`. ``expect``: entries that the checkpoint's ``extra`` must match (fit passes its batch size,
     data size, seed and world size). Raises ``ValueError`` naming the file for a missing, empty, truncated,
-    foreign or mismatching checkpoint; the module is left untouched then."""
+    foreign or mismatching checkpoint (module layout, or the optimiser's parameter groups); the module is left
+    untouched then. The optimiser keeps its own learning rates (a resumed run may continue with another ``lr``; Adam's
+    moments come from the file)."""
     payload = _read_checkpoint(path)
     for k, v in (expect or {}).items():
         saved = payload.get("extra", {}).get(k)
@@ -80,9 +95,14 @@ def load_checkpoint(path, module, optimizer=None, expect: dict | None = None) ->
     if own.keys() != theirs.keys() or any(own[k].shape != theirs[k].shape for k in own):
         diff = sorted(set(own) ^ set(theirs)) or [k for k in own if own[k].shape != theirs[k].shape]
         raise ValueError(f"checkpoint {path!r} holds another module layout (differing entries: {diff[:6]})")
-    module.load_state_dict(theirs)
     if optimizer is not None:
+        _check_optimizer_layout(path, optimizer, payload["optimizer"])
+    module.load_state_dict(theirs)
+    if optimizer is not None:  # Adam's moments and step counts from the file; the learning rates of this run
+        rates = [g["lr"] for g in optimizer.param_groups]
         optimizer.load_state_dict(payload["optimizer"])
+        for g, lr in zip(optimizer.param_groups, rates, strict=True):
+            g["lr"] = lr
     torch.set_rng_state(payload["torch_rng"])
     if "cuda_rng" in payload and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(payload["cuda_rng"])

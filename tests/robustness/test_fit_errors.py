@@ -128,3 +128,20 @@ def test_resuming_with_another_batch_size_or_seed_is_refused(tmp_path):
     _refuses("good.pt.* batch_size=16; this run has batch_size=32", resume=str(good), batch_size=32, num_steps=10)
     _refuses("good.pt.* seed=0; this run has seed=1", resume=str(good), batch_size=16, seed=1, num_steps=10)
     _refuses("good.pt.* is at step 4, beyond num_steps=3", resume=str(good), batch_size=16, num_steps=3)
+    # written with natural gradients on q(u) ("auto"); Adam alone would train q(u) too: refused before any load
+    _refuses("good.pt.* Adam trained other parameters.*natgrad_lr kind", resume=str(good), batch_size=16,
+             num_steps=10, natgrad_lr=None)
+
+
+def test_a_resumed_run_takes_this_calls_learning_rate(tmp_path):
+    """Adam's moments come from the checkpoint, its learning rate from the call: the same lr continues the run
+    exactly, another one continues it at that rate."""
+    good = _checkpoint(tmp_path)
+    X, y = _data()
+    ends = {}
+    for lr in (0.01, 0.01, 0.3):
+        gp = _gp()
+        fit(gp, X, y, num_steps=8, batch_size=16, lr=lr, progress=False, resume=str(good))
+        ends.setdefault(lr, []).append(gp.kernel.lengthscale.detach().clone())
+    assert torch.equal(ends[0.01][0], ends[0.01][1])
+    assert not torch.allclose(ends[0.01][0], ends[0.3][0])
