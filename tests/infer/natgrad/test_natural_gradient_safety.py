@@ -311,6 +311,25 @@ def test_auto_policy_small_minibatches_train_robustmax_with_adam():
     assert not torch.allclose(trained(200, "auto"), trained(200, None))
 
 
+def test_auto_policy_leaves_a_robustmax_q_u_on_inducing_patches_to_adam():
+    """Convolutional and TICK models with robust-max: "auto" gives Adam at every minibatch fraction (natural steps
+    lost at every size measured, natgrad_options' docstring); the same model with softmax, or a number given
+    explicitly, keeps natural steps."""
+    from pyro_sparsegp.conv import init_patches
+
+    g = torch.Generator(torch.get_default_device()).manual_seed(0)
+    X = torch.rand(20, 36, generator=g).to(torch.get_default_dtype())  # 6x6 images
+    Zp = init_patches(X, (6, 6, 1), 3, M=5)
+    conv = ps.ConvKernel(RBF(9), image_shape=(6, 6, 1), patch_size=3)
+    tick = ps.TICK(RBF(9), (6, 6, 1), 3)
+    for model in (ps.SVGP(conv, ps.InducingPatches(Zp), ps.RobustMax(3), num_outputs=3),
+                  ps.SVGP(tick, ps.IndexedInducingPatches(Zp, grid=tick.grid), ps.RobustMax(3), num_outputs=3)):
+        assert resolve_natgrad(model, "auto", None, "analytic", batch_fraction=1.0)[0] is None
+        assert resolve_natgrad(model, 0.1, None, "analytic", batch_fraction=1.0)[0] == 0.1
+    soft = ps.SVGP(conv, ps.InducingPatches(Zp), ps.Softmax(3), num_outputs=3)
+    assert resolve_natgrad(soft, "auto", None, "analytic", batch_fraction=1.0)[0] == 0.1
+
+
 # -- non-conjugate likelihoods and deep layers under NaturalGradient --------------------------------------------------
 def _classification(kind, N=60, seed=0):
     g = torch.Generator(torch.get_default_device()).manual_seed(seed)
