@@ -7,6 +7,9 @@ name would share those parameters: training the second would silently move the f
 * ``name=None`` (the default of every layer and model) takes the class's base name (``"gp"``, ``"dgp"``,
   ``"conv"``) if no live module holds it, else the first free ``"<base>_2"``, ``"<base>_3"``, ... A script with one
   model keeps the familiar ``gp.*`` sites; a second model beside it gets its own.
+* A copy (``copy.deepcopy``, or a pickled module loaded while its original lives) takes a fresh name the same way, so
+  a snapshot never reads the original's parameters; a layer inside another ``PyroModule`` keeps its own name as
+  its parameter prefix (:class:`KeepsOwnName`).
 * An explicit name that a live module already holds (a notebook cell run twice, ``name="h"`` given twice) is the
   user's choice: under the global store the new module takes the name, the earlier module's entries are dropped with
   a :class:`ParamStoreWarning`, and the earlier module raises a ``RuntimeError`` at its next use instead of reading
@@ -16,6 +19,7 @@ name would share those parameters: training the second would silently move the f
 from __future__ import annotations
 
 import gc
+import re
 import warnings
 import weakref
 
@@ -43,6 +47,27 @@ class KeepsOwnName:
 
     def _pyro_set_supermodule(self, name: str, context) -> None:
         super()._pyro_set_supermodule(self.name, context)
+
+    def __setstate__(self, state) -> None:
+        """A copy (``copy.deepcopy(gp)``, or ``torch.load`` of a pickled module while its original lives) takes a
+        fresh unique name (``gp`` -> ``gp_2``): under Pyro's global store a copy keeping the name would read the
+        original's parameters whenever it runs, so a snapshot (``best = copy.deepcopy(gp)``) would follow the
+        original's later training. Unpickled where the name is free, it keeps it."""
+        super().__setstate__(state)
+        name = self.__dict__.get("name")
+        if not isinstance(name, str):
+            return
+        holder = _holder(name)
+        if holder is None:
+            register_name(self, name)
+        elif holder is not self:
+            new = unique_name(re.sub(r"_\d+$", "", name))
+            for m in self.modules():  # the prefix of this module's and its children's parameters and sites
+                prefix = m.__dict__.get("_pyro_name")
+                if isinstance(prefix, str) and (prefix == name or prefix.startswith(name + ".")):
+                    m.__dict__["_pyro_name"] = new + prefix[len(name):]
+            self.__dict__["name"] = new
+            claim_name(self, new)
 
 
 def _holder(name: str):

@@ -153,3 +153,27 @@ def test_layers_inside_two_instances_of_a_users_module_stay_apart(local):
             store = pyro.get_param_store()
             assert store[f"{b.gp.name}.inducing.Z"].shape == (12, 2)
             assert store[f"{a.gp.name}.inducing.Z"].shape == (8, 2)
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["global_store", "module_local"])
+def test_a_copy_is_a_snapshot_that_later_training_leaves_alone(local):
+    """``best = copy.deepcopy(gp)`` (and a whole-object ``torch.save``/``torch.load`` in the same process) takes a
+    fresh name, so under the global store it keeps its own values instead of reading the original's as that trains."""
+    import copy
+    import io
+
+    with pyro.settings.context(module_local_params=local):
+        X, y = _data()
+        gp = ps.SVGP(RBF(2), X[:8].clone(), ps.Gaussian(0.1))
+        ps.infer.fit(gp, X, y, num_steps=10, batch_size=40, progress=False)
+        best = copy.deepcopy(gp)
+        buf = io.BytesIO()
+        torch.save(gp, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        snapshot = [m.predict(X)[0].clone() for m in (best, loaded)]
+        assert len({gp.name, best.name, loaded.name}) == 3
+        ps.infer.fit(gp, X, y, num_steps=30, batch_size=40, lr=0.05, progress=False)
+        assert not torch.allclose(gp.predict(X)[0], snapshot[0])
+        for m, before in zip((best, loaded), snapshot, strict=True):
+            assert torch.equal(m.predict(X)[0], before)
