@@ -166,7 +166,7 @@ class SOLVEGP(OrthogonalInputs, SVGP):
         union.Z = torch.cat([u.Z, v.Z], -2)
         if hasattr(u, "locations"):  # inducing patches with locations (TICK)
             union.locations = torch.cat([u.locations, v.locations], -2)
-        gp = SVGP(twin.kernel, union, twin.likelihood, twin.num_outputs, twin.whiten, name or f"{twin.name}_svgp",
+        gp = SVGP(twin.kernel, union, twin.likelihood, twin.num_outputs, twin.whiten, name or f"{self.name}_svgp",
                   twin.integrate_f, twin.jitter, twin.mean_function)
         Lc = twin.strategy.joint_factors()[1]  # chol(Cvv): ODVGP's plain scale of q(v⊥)
         m_u, L_u = twin.q_u.u_loc, twin.q_u.u_scale_tril
