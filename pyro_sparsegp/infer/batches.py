@@ -149,5 +149,8 @@ class BatchSource:
         device, dtype = self.device, self.dtype
         while True:
             for Xb, yb in self.loader:
+                if Xb.shape[0] > self.num_data:  # the likelihood would be scaled by num_data / B < 1
+                    raise ValueError(f"the loader gave a batch of {Xb.shape[0]} rows but num_data={self.num_data}: "
+                                     "num_data is the size of the whole data set, not of a batch")
                 Xb = Xb.to(device=device, dtype=dtype)
                 yield Xb, yb.to(device=device, dtype=dtype if yb.is_floating_point() else yb.dtype)

@@ -65,6 +65,7 @@ from .steps import TrainingStep, _create_lazy_parameters, _default_elbo
 
 __all__ = ["fit", "FitState", "NonFiniteLossError", "save_checkpoint", "load_checkpoint", "EpochBatchSampler"]
 
+DEFAULT_BATCH_SIZE = 1024  # minibatch rows of X, y or a dataset when batch_size is not given
 _DEFER_ON_CPU = False  # tests set it to run the deferred checks (every device but the CPU) on the CPU
 
 
@@ -166,7 +167,10 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
     """fit's arguments checked (a ``ValueError`` or ``TypeError`` naming the first wrong one, before anything is
     touched) and completed with their defaults."""
     num_steps = _int("num_steps", num_steps, 0)
-    batch_size = _int("batch_size", batch_size, 1)
+    if loader is not None and batch_size is not None:
+        raise ValueError("batch_size applies to X, y and dataset=...; a loader's batches are its own (set batch_size "
+                         "on the DataLoader)")
+    batch_size = _int("batch_size", DEFAULT_BATCH_SIZE if batch_size is None else batch_size, 1)
     lr = _positive("lr", lr)
     checkpoint_every = _int("checkpoint_every", checkpoint_every, 0)
     seed = _int("seed", seed, 0)
@@ -237,7 +241,7 @@ def fit(
     loader: DataLoader | None = None,
     num_data: int | None = None,
     num_steps: int = 1000,
-    batch_size: int = 1024,
+    batch_size: int | None = None,
     lr: float = 0.01,
     natgrad_lr: float | str | None = "auto",
     elbo=None,
@@ -261,8 +265,9 @@ def fit(
     * data: ``X [N, D]`` with ``y [N, ...]`` (tensors, numpy arrays, lists; moved once to the module's device and
       dtype), or ``dataset`` (``dataset[idx]`` gives ``(X[idx], y[idx])`` for ``idx [B]``), or ``loader`` (any
       DataLoader of ``(X, y)`` batches, with ``num_data`` = ``N``);
-    * ``num_steps``, ``batch_size``, ``lr`` (Adam), ``seed``, ``progress`` (on ``stderr``), ``callback(step,
-      loss)``, ``sync_every`` (how often the loss is read back: 1 on the CPU, 20 on a GPU);
+    * ``num_steps``, ``batch_size`` (``X, y`` or ``dataset``; default 1024), ``lr`` (Adam), ``seed``, ``progress``
+      (on ``stderr``), ``callback(step, loss)``, ``sync_every`` (how often the loss is read back: 1 on the CPU, 20
+      on a GPU);
     * ``elbo``: ``"analytic"`` (``module.analytic_elbo``, the default where it exists) or a Pyro ELBO;
     * ``natgrad_lr`` (``"auto"``, ``None`` for Adam, or a step length in ``(0, 1]``), ``natgrad_warmup``,
       ``natgrad_retraction``, ``natgrad_layers``: natural-gradient steps on the Gaussian variational families
@@ -282,7 +287,8 @@ def fit(
     if a.elbo != "analytic":  # a model/guide may create parameters at its first call: create them now
         _create_lazy_parameters(module, *source.first(), a.num_data)
     trainer = TrainingStep(module, a.elbo, a.num_data, a.lr, a.natgrad_lr, world, plan=a.plan)
-    run_key = {"batch_size": a.batch_size, "num_data": a.num_data, "seed": a.seed, "world_size": world}
+    run_key = {"batch_size": a.batch_size if loader is None else "a loader's", "num_data": a.num_data, "seed": a.seed,
+               "world_size": world}
     state = _initial_state(module, trainer, resume, run_key if loader is None else None, a.seed + rank)
     if world > 1:  # every rank starts from rank 0's parameters
         broadcast_parameters(module)

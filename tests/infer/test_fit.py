@@ -95,6 +95,17 @@ def test_fit_accepts_a_dataloader_and_shows_progress(capsys):
     assert re.search(r"fit: step 20/20 \(100%\)  elbo -?[0-9.]+", err), err
 
 
+def test_a_loader_refuses_a_batch_size_and_a_num_data_smaller_than_its_batches():
+    """A loader's batches are its own: ``batch_size=`` beside it raises (it was ignored); ``num_data`` is the size of
+    the whole data set, so one smaller than a batch (a likelihood scaled below 1) raises at the first batch."""
+    X, y = _data()
+    loader = DataLoader(TensorDataset(X, y), batch_size=50)
+    with pytest.raises(ValueError, match="a loader's batches are its own"):
+        fit(_gp(), loader=loader, num_data=len(X), num_steps=2, batch_size=50, progress=False)
+    with pytest.raises(ValueError, match="batch of 50 rows but num_data=10"):
+        fit(_gp(), loader=loader, num_data=10, num_steps=2, progress=False)
+
+
 def test_tensors_arrays_lists_datasets_and_memmaps_give_the_same_run(tmp_path):
     """Batches are drawn by index; every data source yields the same batches (a memmap returns a batch's rows in
     sorted order, which leaves the bound, a sum over the batch, unchanged up to round-off)."""
