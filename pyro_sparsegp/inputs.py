@@ -108,7 +108,11 @@ def as_targets(y: torch.Tensor, N: int, num_outputs: int | None, per_output: boo
         if y.dim() >= 1 and y.shape[-1] == N:
             return y
         what = "one value per row of X" if not (num_outputs and not per_output) else "one class label per row of X"
-        raise ValueError(f"y must be [N] = [{N}] ({what}; [N, 1] is accepted too), got shape {tuple(y.shape)}")
+        hint = ""
+        if y.dim() == 2 and y.shape[0] == N and y.shape[1] > 1:  # L columns for a layer of one output (or labels)
+            hint = (f"; for {y.shape[1]} outputs build the layer with num_outputs={y.shape[1]}" if "value" in what
+                    else "; give the labels 0..K-1, not one-hot rows")
+        raise ValueError(f"y must be [N] = [{N}] ({what}; [N, 1] is accepted too), got shape {tuple(y.shape)}{hint}")
     if y.dim() >= 2 and y.shape[-2:] == (N, want_cols):
         return y
     raise ValueError(f"y must be [N, L] = [{N}, {want_cols}] (N rows of X, L = num_outputs = {want_cols} outputs), "

@@ -62,6 +62,7 @@ def test_data_is_converted_or_refused():
     _refuses("X must hold numbers", TypeError, X=np.array([["a"], ["b"]], dtype=object))
     _refuses("X must be \\[N, D\\]", X=X[:, 0])
     _refuses("different numbers of rows", y=y[:-1])
+    _refuses("for 3 outputs build the layer with num_outputs=3", y=y.unsqueeze(-1).expand(-1, 3))
     _refuses("y contains NaN or inf", y=torch.cat([y[:-1], torch.tensor([float("nan")])]))
     _refuses("exactly one data source", dataset=torch.utils.data.TensorDataset(X, y))
     _refuses("needs y", y=None)
