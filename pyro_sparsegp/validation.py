@@ -27,7 +27,8 @@ from .inputs import as_tensor
 from .kernels import expected_input_dim, required_features
 from .linalg import _RESET_HOOKS, _warn_once
 
-__all__ = ["InputPrecisionWarning", "check_tensor", "check_module_args", "check_orthogonal_inputs", "check_data"]
+__all__ = ["InputPrecisionWarning", "check_tensor", "check_module_args", "check_orthogonal_inputs", "check_data",
+           "check_positive_int"]
 
 # warn when the spacing of floats at the inputs' magnitude exceeds this fraction of their spread
 _RESOLUTION = 1e-3
@@ -105,7 +106,8 @@ def check_precision(x: torch.Tensor, name: str) -> None:
         )
 
 
-def _positive_int(value, name, allow_none=True):
+def check_positive_int(value, name: str, allow_none: bool = True) -> None:
+    """A ``ValueError`` unless ``value`` is an integer >= 1 (or ``None`` where allowed); no tensors."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -125,7 +127,7 @@ def check_module_args(kernel, Z, likelihood=None, num_outputs=None, jitter=None)
     check_tensor(Z, "Z", floating=True)
     if Z.dim() in (2, 3) and (Z.shape[-2] == 0 or Z.shape[-1] == 0):
         raise ValueError(f"Z must hold at least one inducing input of at least one feature, got shape {tuple(Z.shape)}")
-    _positive_int(num_outputs, "num_outputs")
+    check_positive_int(num_outputs, "num_outputs")
     if jitter is not None and not (isinstance(jitter, numbers.Real) and 0 <= float(jitter) < float("inf")):
         raise ValueError(f"jitter must be None or a finite number >= 0, got {jitter!r}")
     if likelihood is not None and not isinstance(likelihood, Likelihood):
@@ -188,11 +190,11 @@ def check_data(module, X, y, subsample_size=None, num_data=None, purpose="model"
         raise ValueError(f"X has no rows (shape {tuple(X.shape)}); give at least one data point")
     N = X.shape[-2] if X.dim() >= 2 else None
     if subsample_size is not None:
-        _positive_int(subsample_size, "subsample_size", allow_none=False)
+        check_positive_int(subsample_size, "subsample_size", allow_none=False)
         if N is not None and subsample_size > N:
             raise ValueError(f"subsample_size={subsample_size} exceeds the {N} data points; use at most {N}")
     if num_data is not None:
-        _positive_int(num_data, "num_data", allow_none=False)
+        check_positive_int(num_data, "num_data", allow_none=False)
         if N is not None and num_data < N:
             raise ValueError(f"num_data={num_data} is smaller than the {N} points given; num_data is the data set size")
     check_precision(X, "X")
@@ -207,7 +209,7 @@ def check_predict(module, full: bool, batch_size) -> int:
             "predict(X, full=True) needs a likelihood for the predictive distribution of y*, and this module has "
             "none; call predict(X) for the moments of q(f*), or build the module with a likelihood"
         )
-    _positive_int(batch_size, "batch_size")
+    check_positive_int(batch_size, "batch_size")
     if batch_size is None:
         M = module.inducing.num_inducing + (module.orthogonal.num_inducing if hasattr(module, "orthogonal") else 0)
         batch_size = max(1, (1 << 24) // (M * (module.num_outputs or 1)))

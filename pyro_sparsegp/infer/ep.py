@@ -56,13 +56,13 @@ through the same code.
 
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from ..linalg import cholesky
+from ..validation import check_positive_int
 from .ep_sites import (  # noqa: F401  (ep_refine, _fitc_stats: public and test access through this module)
     _aggregate,
     _check_module,
@@ -286,10 +286,7 @@ def _prepare(module, X, y, method, batch_size, damping, state):
         raise ValueError(f"X must be [N, D], got shape {tuple(X.shape)}")
     if not 0.0 < damping <= 1.0:
         raise ValueError(f"damping must be in (0, 1], got {damping}")
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
-                                   or batch_size < 1):
-        raise ValueError(f"batch_size must be an integer >= 1 (minibatch mode) or None (batch mode: all points), got "
-                         f"{batch_size!r}")
+    check_positive_int(batch_size, "batch_size (minibatches; None: batch mode, all points)")
     y = y.long()
     N = X.shape[0]
     own = torch.nn.functional.one_hot(y, K).bool()
