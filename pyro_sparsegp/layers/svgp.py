@@ -25,7 +25,7 @@ from .. import covariances as cov
 from ..composition import BoundModule, check_plate_alignment, draw_hyperparameters, layer_method, sampled_attributes
 from ..distributions import MarginalizedLikelihood
 from ..likelihoods import Likelihood
-from ..linalg import cholesky
+from ..linalg import KUU_ADVICE, cholesky
 from ..naming import KeepsOwnName, claim_name, unique_name
 from ..variational import GaussianQ, Strategy
 from ..variational.cache import take
@@ -87,7 +87,7 @@ class SVGP(LayerData, Prediction, KeepsOwnName, PyroModule):
         scale_tril = None
         if not whiten and not sampled_attributes(kernel, names=False):  # start at q(u) = p(u) (unless theta is sampled)
             with torch.no_grad():
-                scale_tril = cholesky(cov.Kuu(inducing, kernel), jitter)
+                scale_tril = cholesky(cov.Kuu(inducing, kernel), jitter, warn_singular=KUU_ADVICE)  # the bound's advice
         self.q_u = GaussianQ(inducing.num_inducing, num_outputs, scale_tril)
         self.strategy = Strategy(self)
 

@@ -79,7 +79,7 @@ def _damp(factor, D, info, rho, lr, retraction):
                       "not finite or overflowed; lower natgrad_lr and lr, or check the data")
         else:
             advice = ("if this recurs use a smaller natgrad_lr, the positive-definite step (natgrad_retraction=True "
-                      "in fit, retraction=True in NaturalGradient), or more particles (num_particles=8, "
+                      "in fit; NaturalGradient's default, retraction=True), or more particles (num_particles=8, "
                       "vectorize_particles=True) when u is sampled")
         _warn_once(
             ("natgrad-damped", bool(retraction)),
