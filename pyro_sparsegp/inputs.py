@@ -80,7 +80,10 @@ def as_tensor(x, name: str, dtype: torch.dtype | None = None, device=None, float
             arr = np.asarray(x)
             if arr.dtype.kind not in "biuf":
                 raise TypeError(f"{name} must hold numbers; got a {type(x).__name__} of dtype {arr.dtype}")
-            x = torch.from_numpy(np.ascontiguousarray(arr))
+            arr = np.ascontiguousarray(arr)
+            if not arr.flags.writeable:  # pandas' copy-on-write views: torch cannot share read-only memory
+                arr = arr.copy()
+            x = torch.from_numpy(arr)
         else:
             raise TypeError(
                 f"{name} must be a torch.Tensor, a numpy array, a list of numbers or a pandas DataFrame/Series, got "

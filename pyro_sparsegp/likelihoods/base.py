@@ -116,8 +116,14 @@ class Likelihood(PyroModule):
         """Raise ``ValueError`` if ``y`` (any shape, e.g. ``[..., B]``) is not finite or outside the support.
         An argument check: implements no paper equation (see the class docstring for the section it serves)."""
         _check_finite("y", y)
-        if not bool(self.support.check(y).all()):
-            raise ValueError(f"y has values outside the support of {type(self).__name__} ({self.support})")
+        ok = self.support.check(y)
+        if not bool(ok.all()):
+            bad = torch.unique(y.detach()[~ok].reshape(-1).cpu())
+            shown = ", ".join(f"{v:g}" for v in bad[:5].tolist()) + (", ..." if len(bad) > 5 else "")
+            extra = ("; binary labels are 0 and 1 (map -1/1 labels with y = (y > 0), 1/2 labels with y - 1)"
+                     if str(self.support) == "Boolean()" else "")
+            raise ValueError(f"y has values outside the support of {type(self).__name__} ({self.support}): "
+                             f"{shown}{extra}")
 
     def forward(self, f: torch.Tensor, y: torch.Tensor | None = None, name: str = "y", prefix: str = "gp"):
         """Model side: register the observed site ``name`` with ``y ~ distribution(f)`` (call inside the data

@@ -85,9 +85,9 @@ def test_duplicate_inducing_points_in_float32_escalate_jitter_with_a_warning():
         assert torch.isfinite(L).all()
         X, y = torch.randn(8, 2), torch.randn(8)
         # unwhitened, Kuu^{-1} enters the bound: the ill-conditioning advice is true and fires
-        gp = ps.SVGP(kernel, Z, ps.Gaussian(), jitter=1e-9, whiten=False)
         reset_warnings()
         with pytest.warns(IllConditionedWarning, match="whiten=True"), pytest.warns(CholeskyJitterWarning):
+            gp = ps.SVGP(kernel, Z, ps.Gaussian(), jitter=1e-9, whiten=False)  # its q(u) starts at p(u): Kuu's factor
             loss = _loss(gp, X, y)
         assert torch.isfinite(torch.tensor(loss))
         # whitened (the default) never inverts Kuu: only the jitter it needed is reported

@@ -152,3 +152,21 @@ def test_inputs_that_are_not_numbers_say_how_to_convert():
         as_tensor(np.array(["a", "b"]), "X")
     labels = as_tensor(np.array([0, 1, 2]), "y", torch.float64, floating=False)
     assert labels.dtype == torch.int64
+
+
+def test_read_only_arrays_are_copied_without_a_torch_warning():
+    """pandas' copy-on-write gives read-only arrays (``Series.to_numpy()`` of integer labels); torch warns when it
+    wraps one, so the conversion copies it (and never writes to the caller's data)."""
+    arr = np.arange(6, dtype=np.int64)
+    arr.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = as_tensor(FrameLike(arr), "y", floating=False)
+    assert t.tolist() == list(range(6)) and not np.shares_memory(t.numpy(), arr)
+
+
+def test_labels_outside_the_support_are_named_with_the_fix():
+    X = torch.randn(6, 2)
+    gp = ps.SVGP(RBF(2), X[:3].clone(), ps.Bernoulli())
+    with pytest.raises(ValueError, match=r"outside the support of Bernoulli .*: -1; binary labels are 0 and 1"):
+        gp.analytic_elbo(X, torch.tensor([-1.0, 1, 1, -1, 1, 1]))
