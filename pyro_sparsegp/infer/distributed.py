@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["rank_and_world_size", "broadcast_parameters", "average_loss_and_gradients", "max_over_ranks_"]
+__all__ = ["rank_and_world_size", "broadcast_parameters", "average_loss_and_gradients", "max_over_ranks_",
+           "check_same_data"]
 
 
 def _dist():
@@ -47,3 +48,31 @@ def max_over_ranks_(table: torch.Tensor, start: int) -> None:
     flags = table[:, start:].contiguous()
     torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
     table[:, start:] = flags
+
+
+def _checksum(t: torch.Tensor) -> torch.Tensor:
+    """A position-weighted sum of ``t [N, ...]`` in float64 (``()``): differs for other rows or another order."""
+    rows = t.detach().reshape(t.shape[0], -1).to(torch.float64).sum(-1)
+    weights = torch.arange(1, t.shape[0] + 1, dtype=torch.float64, device=t.device) / t.shape[0]
+    return (rows * weights).sum()
+
+
+def check_same_data(X, y, num_data: int, device) -> None:
+    """Raise ``ValueError`` on every rank unless every rank passed the same ``num_data`` and, for tensors ``X [N, D],
+    y [N, ...]`` (``None`` for a dataset), the same rows in the same order: ``fit`` gives each rank its slice of every
+    global minibatch of the one data set, so ranks that hold shards (or unequal data) would train a wrong bound (or
+    drift apart) without an error. One ``all_reduce`` each of the minimum and the maximum of three numbers."""
+    fp = torch.tensor([float(num_data), 0.0, 0.0], dtype=torch.float64, device=device)
+    if X is not None:
+        fp[1], fp[2] = _checksum(X).to(device), _checksum(y).to(device)
+    low, high = fp.clone(), fp.clone()
+    torch.distributed.all_reduce(low, op=torch.distributed.ReduceOp.MIN)
+    torch.distributed.all_reduce(high, op=torch.distributed.ReduceOp.MAX)
+    if not torch.equal(low, high):
+        what = (f"between {int(low[0])} and {int(high[0])} points" if low[0] != high[0]
+                else "the same number of points but different rows (or another order)")
+        raise ValueError(
+            f"data-parallel fit: the ranks passed different data ({what}). With X, y or a dataset every rank must "
+            "hold the whole data set in the same order: fit gives each rank its slice of every global minibatch. "
+            "For a shard per rank pass loader= (each rank's own batches) and num_data= the total size."
+        )

@@ -27,6 +27,7 @@ checks, a window redone with more jitter), :mod:`~pyro_sparsegp.infer.checkpoint
 
 from __future__ import annotations
 
+import collections
 import math
 import numbers
 import os
@@ -47,7 +48,7 @@ from .checkpoint import (  # noqa: F401
     load_checkpoint,
     save_checkpoint,
 )
-from .distributed import _average, _dist, broadcast_parameters  # noqa: F401
+from .distributed import _average, _dist, broadcast_parameters, check_same_data  # noqa: F401
 from .guard import (  # noqa: F401
     _MAX_JITTER_TRIES,
     _NUMERICAL,
@@ -201,15 +202,15 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
 
 
 class _RunningElbo:
-    """Shows the running ELBO estimate (an exponential average of minus the losses) on a :class:`Progress`."""
+    """Shows the running ELBO estimate on a :class:`Progress`: minus the mean loss of the last ``window`` steps (an
+    exponential average started at the first, typically far larger loss lagged behind a short run)."""
 
-    def __init__(self, bar: Progress):
-        self.bar, self.running = bar, None
+    def __init__(self, bar: Progress, window: int = 20):
+        self.bar, self.recent = bar, collections.deque(maxlen=window)
 
     def __call__(self, losses: list) -> None:
-        for v in losses:
-            self.running = v if self.running is None else 0.95 * self.running + 0.05 * v
-        self.bar.update(len(losses), -self.running)
+        self.recent.extend(losses)
+        self.bar.update(len(losses), -sum(self.recent) / len(self.recent))
 
 
 def _guarded_step(step: int, source: BatchSource, trainer: TrainingStep, guard: StepGuard) -> None:
@@ -282,6 +283,8 @@ def fit(
                          dict(warmup=natgrad_warmup, retraction=natgrad_retraction, layers=natgrad_layers,
                               average=average))
     rank, world = _dist()
+    if world > 1 and loader is None:  # every rank must hold the same data (a loader may be a shard per rank)
+        check_same_data(a.X, a.y, a.num_data, a.device)
     source = BatchSource(a.X, a.y, dataset, loader, num_data=a.num_data, batch_size=a.batch_size, seed=a.seed,
                          rank=rank, world_size=world, dtype=a.dtype, device=a.device)
     if a.elbo != "analytic":  # a model/guide may create parameters at its first call: create them now

@@ -34,6 +34,23 @@ def test_redirected_fit_writes_a_line_every_five_percent(monkeypatch):
     assert lines[0].startswith("fit: step 20/400 (5%)")
 
 
+def test_the_logged_elbo_is_the_mean_of_the_last_twenty_steps(monkeypatch):
+    """The ELBO on the last line is minus the mean loss of the last 20 steps (an exponential average started at the
+    first, far larger loss still showed a fraction of it after 60 steps)."""
+    losses = []
+    X = torch.randn(300, 2)
+    y = torch.sin(X[:, 0])
+    gp = ps.SVGP(RBF(2), X[:8].clone(), ps.Gaussian(0.1))
+    buf = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", buf)
+    ps.infer.fit(gp, X, y, num_steps=60, batch_size=50, callback=lambda step, loss: losses.append(loss))
+    monkeypatch.undo()
+    shown = float(buf.getvalue().strip().splitlines()[-1].split("elbo ")[1].split()[0])
+    expected = -sum(losses[-20:]) / 20
+    assert shown == pytest.approx(expected, rel=1e-3), (shown, expected, losses[0])
+    assert abs(losses[0] - losses[-1]) > 0.1 * abs(losses[-1])  # the first loss differs: the test can fail
+
+
 def test_line_mode_writes_after_the_time_limit_too():
     buf = io.StringIO()
     p = Progress(1000, file=buf, mode="lines", seconds=0.0)
