@@ -20,7 +20,7 @@ from .natgrad import (
     solvegp_natgrad_step,
 )
 from .natural_gradient import NaturalGradient
-from .schedules import LogLinearWarmup
+from .schedules import LogLinearWarmup, RunningAverageStart
 
 __all__ = [
     "fit_ep",
@@ -43,6 +43,7 @@ __all__ = [
     "load_checkpoint",
     "NaturalGradient",
     "LogLinearWarmup",
+    "RunningAverageStart",
     "IterateAverage",
     "natgrad_step",
     "gaussian_natgrad_step",

@@ -6,8 +6,12 @@ which layers' families take natural steps, and the iterate average at the end (:
 The ``"auto"`` policy (measured by ``benchmarks/natgrad_nonconjugate.py``; see :func:`resolve_natgrad`):
 
 * a :class:`~pyro_sparsegp.Gaussian` or :class:`~pyro_sparsegp.PolyaGammaLogit` likelihood on the closed-form bound
-  (conjugate given the bound: the plain step's precision is positive definite by itself): step length 0.1, no
-  warm-up, the plain step (exact at length 1), on the module's own families (a DeepGP's last layer);
+  (conjugate given the bound: the plain step's precision is positive definite by itself): step length 0.1, the
+  plain step (exact at length 1), on the module's own families (a DeepGP's last layer); no warm-up, but a single
+  layer's first steps are the running average of
+  :class:`~pyro_sparsegp.infer.schedules.RunningAverageStart` (:math:`\max(0.1, 1/(k+1))`): a length-1 first step is
+  exact there, and the running mean of the first minibatches' optima beats a 10% pull from the prior
+  (``natgrad_warmup=0`` gives the constant step);
 * every other likelihood on the closed-form bound (Bernoulli, robust-max, softmax): natural steps of length
   :data:`AUTO_NONCONJUGATE_LR` with the positive-definite step and a warm-up of :data:`AUTO_WARMUP` steps, except
   robust-max on minibatches under :data:`AUTO_MIN_BATCH_FRACTION` of the data, and robust-max on inducing patches
@@ -45,7 +49,7 @@ import numbers
 
 from .averaging import IterateAverage
 from .natgrad import natgrad_families
-from .schedules import LogLinearWarmup
+from .schedules import LogLinearWarmup, RunningAverageStart
 
 __all__ = ["resolve_natgrad", "NatGradPlan", "all_layer_families", "AUTO_NONCONJUGATE_LR", "AUTO_WARMUP",
            "AUTO_MIN_BATCH_FRACTION"]
@@ -96,6 +100,7 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
         auto_on = natgrad_lr is not None
     else:
         auto_on = False
+    running_start = warmup == "auto" and conjugate and analytic  # exact at length 1: RunningAverageStart
     if warmup == "auto":
         warmup = AUTO_WARMUP if auto_on and not conjugate else 0
     if isinstance(warmup, bool) or not isinstance(warmup, numbers.Integral) or warmup < 0:
@@ -111,6 +116,7 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
         raise ValueError(f"average must be a fraction in (0, 1] of the steps (the last ones are averaged) or None, "
                          f"got {average!r}")
     plan = NatGradPlan(module, int(warmup), retraction, layers, average, num_steps, conjugate and analytic)
+    plan.running_start = running_start
     return natgrad_lr, plan
 
 
@@ -125,6 +131,7 @@ class NatGradPlan:
         self.module, self.warmup, self.retraction, self.layers = module, warmup, retraction, layers
         self.average, self.num_steps, self.conjugate = average, num_steps, conjugate
         self.schedule, self.averager, self._hidden = None, None, set()
+        self.running_start = False  # natgrad_warmup="auto" on a step exact at length 1 (set by resolve_natgrad)
 
     def families(self) -> list:
         """The families that take natural steps: ``natgrad_layers="all"`` every full-covariance ``GaussianQ``, else
@@ -139,9 +146,12 @@ class NatGradPlan:
         off the likelihood's layer (for the ``"auto"`` positive-definite step) and the averager (if ``average``).
         ``families``: modules (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``); ``noise_lik``: a Gaussian
         likelihood with a scalar ``()`` noise, or ``None``."""
-        if natgrad_lr:
-            self.schedule = LogLinearWarmup(natgrad_lr, self.warmup, min(1e-4, natgrad_lr))
         own = {id(q) for q in natgrad_families(self.module)}
+        # a step exact at length 1 (the module's own families, no hidden layer whose samples make it Monte Carlo)
+        exact = self.running_start and all(id(q) in own for q in all_layer_families(self.module))
+        if natgrad_lr:
+            self.schedule = (RunningAverageStart(natgrad_lr) if exact
+                             else LogLinearWarmup(natgrad_lr, self.warmup, min(1e-4, natgrad_lr)))
         self._hidden = {id(q) for q in families if id(q) not in own}
         if self.average is not None and (families or noise_lik is not None):
             start = self.num_steps - max(1, math.ceil(self.average * self.num_steps))

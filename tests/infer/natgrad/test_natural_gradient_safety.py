@@ -19,7 +19,7 @@ from pyro_sparsegp.infer import NaturalGradient, fit
 from pyro_sparsegp.infer.averaging import IterateAverage
 from pyro_sparsegp.infer.natgrad import NatGradDampingWarning, natgrad_from_grads_
 from pyro_sparsegp.infer.natgrad_options import AUTO_MIN_BATCH_FRACTION, resolve_natgrad
-from pyro_sparsegp.infer.schedules import LogLinearWarmup, as_schedule
+from pyro_sparsegp.infer.schedules import LogLinearWarmup, RunningAverageStart, as_schedule
 from pyro_sparsegp.variational import GaussianQ
 
 
@@ -36,6 +36,61 @@ def test_warmup_schedule_is_log_linear_from_start_to_target():
     for bad in (dict(target=0.0), dict(target=1.5), dict(target=0.1, steps=-1), dict(target=0.1, start=0.2)):
         with pytest.raises(ValueError):
             LogLinearWarmup(**bad)
+
+
+def test_running_average_start_schedule():
+    s = RunningAverageStart(0.1)
+    assert [s(k) for k in range(12)] == pytest.approx([1 / (k + 1) for k in range(10)] + [0.1, 0.1], rel=1e-12)
+    assert RunningAverageStart(1.0)(5) == 1.0 and "0.1" in repr(s)
+    for bad in (0.0, 1.5, True, "0.1"):
+        with pytest.raises(ValueError):
+            RunningAverageStart(bad)
+
+
+def test_auto_start_of_an_exact_step_and_where_it_is_not_used():
+    """``natgrad_warmup="auto"``: a single Gaussian (or Polya-Gamma) layer on the closed-form bound starts with the
+    running average; a deep GP's last layer (a Monte Carlo gradient), an explicit ``natgrad_warmup=0`` and a
+    non-conjugate likelihood do not."""
+    X, y = _regression(N=40)
+    Z = X[:4].clone()
+    for lik in (ps.Gaussian(0.1), ps.PolyaGammaLogit()):
+        _, plan = resolve_natgrad(ps.SVGP(RBF(1), Z, lik), "auto", None, "analytic")
+        plan.start(plan.families(), None, 0.1)
+        assert isinstance(plan.schedule, RunningAverageStart) and plan.lr(0) == 1.0 and plan.lr(20) == 0.1
+    _, plan = resolve_natgrad(ps.SVGP(RBF(1), Z, ps.Gaussian(0.1)), 0.1, None, "analytic", warmup=0)
+    plan.start(plan.families(), None, 0.1)
+    assert plan.lr(0) == 0.1
+    deep = build_deep_gp(X, [1, 1], num_inducing=4, likelihood=ps.Gaussian(0.1))
+    _, plan = resolve_natgrad(deep, "auto", None, "analytic")
+    plan.start(plan.families(), None, 0.1)
+    assert plan.lr(0) == 0.1
+    _, plan = resolve_natgrad(ps.SVGP(RBF(1), Z, ps.Bernoulli()), "auto", None, "analytic")
+    plan.start(plan.families(), None, 0.1)
+    assert plan.lr(0) < 0.1  # the log-linear warm-up
+
+
+def test_fit_first_step_lands_on_the_optimal_q_of_its_batch():
+    """The running-average start's first step has length 1, which for the conjugate step is the optimal q(u) of the
+    minibatch at the starting hyperparameters: checked against the dense whitened optimum (a full batch)
+    Sigma = (I + A A^T / s2)^{-1}, m = Sigma A y / s2 with A = L^{-1} Kuf (Titsias 2009; Hensman et al. 2013, eq. 6)."""
+    X, y = _regression(N=60)
+    gp = ps.SVGP(RBF(1, lengthscale=torch.tensor(0.7)), X[:6].clone(), ps.Gaussian(0.2))
+    with torch.no_grad():
+        s2 = gp.likelihood.noise.item()
+        Kuu = gp.kernel(gp.Z) + 1e-10 * torch.eye(6)
+        A = torch.linalg.solve_triangular(torch.linalg.cholesky(Kuu), gp.kernel(gp.Z, X), upper=False)
+        S = torch.linalg.inv(torch.eye(6) + A @ A.mT / s2)
+        m = S @ A @ y / s2
+    fit(gp, X, y, num_steps=1, batch_size=len(X), progress=False)
+    with torch.no_grad():
+        Sq = gp.q_u.u_scale_tril @ gp.q_u.u_scale_tril.mT
+        tol = 1e-7 if torch.get_default_dtype() == torch.float64 else 2e-3
+        assert torch.allclose(gp.q_u.u_loc.reshape(-1), m, atol=tol), (gp.q_u.u_loc, m)
+        assert torch.allclose(Sq.reshape(6, 6), S, atol=tol)
+    gp2 = ps.SVGP(RBF(1, lengthscale=torch.tensor(0.7)), X[:6].clone(), ps.Gaussian(0.2))
+    fit(gp2, X, y, num_steps=1, batch_size=len(X), progress=False, natgrad_warmup=0)  # constant: 10% of the way
+    with torch.no_grad():
+        assert (gp2.q_u.u_loc.reshape(-1) - m).norm() > 0.1 * m.norm()  # (0.46 of 1.64 here)
 
 
 def test_natural_gradient_optimiser_follows_the_warmup():
