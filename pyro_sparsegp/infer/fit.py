@@ -205,8 +205,8 @@ class _RunningElbo:
     """Shows the running ELBO estimate on a :class:`Progress`: minus the mean loss of the last ``window`` steps (an
     exponential average started at the first, typically far larger loss lagged behind a short run)."""
 
-    def __init__(self, bar: Progress, window: int = 20):
-        self.bar, self.recent = bar, collections.deque(maxlen=window)
+    def __init__(self, bar: Progress, history=(), window: int = 20):
+        self.bar, self.recent = bar, collections.deque(history, maxlen=window)  # a resumed run's losses so far
 
     def __call__(self, losses: list) -> None:
         self.recent.extend(losses)
@@ -299,9 +299,9 @@ def fit(
     source.restart(state.step)
     show = progress and rank == 0
     bar = Progress(a.num_steps, state.step, enabled=show, desc="fit")
+    report = _RunningElbo(bar, state.losses) if show else None
     guard = StepGuard(module, trainer.optimizer, state, checks, sync_every=a.sync_every, num_steps=a.num_steps,
-                      world_size=world, dtype=a.dtype, device=a.device, report=_RunningElbo(bar) if show else None,
-                      plan=a.plan)
+                      world_size=world, dtype=a.dtype, device=a.device, report=report, plan=a.plan)
     try:
         _loop(module, a, source, trainer, guard, state, callback, checkpoint, run_key, rank)
     finally:

@@ -325,9 +325,9 @@ def fit_gfitc(
     :param damping: ``delta`` of the damped update ``site <- delta new + (1 - delta) old``, in ``(0, 1]``.
     :param state: continue from a previous :class:`GFITCState` (same data): EP starts from its sites.
     :param callback: ``callback(evaluation, state)`` after every EP run.
-    :param progress: show the EP runs (at most ``1.25 num_iters + 1``: L-BFGS's evaluations, then the final one)
-        with the log evidence, as :func:`~pyro_sparsegp.infer.fit` shows its steps (a bar on a terminal, plain lines
-        in a log file).
+    :param progress: show the EP runs (about ``1.25 num_iters + 1``: L-BFGS's evaluations, a few more when its line
+        search needs them, then the final one) with the log evidence, as :func:`~pyro_sparsegp.infer.fit` shows its
+        steps (a bar on a terminal, plain lines in a log file).
     :returns: the :class:`GFITCState` (per EP run: ``log_evidence``, ``ep_iterations``, ``converged``).
     """
     if int(num_iters) != num_iters or num_iters < 0:

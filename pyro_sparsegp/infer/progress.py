@@ -95,6 +95,10 @@ class Progress:
             return
         self.step += n
         self._elbo = elbo if elbo is not None else self._elbo
+        if self.step > self.total:  # a total that was an estimate (fit_gfitc's L-BFGS evaluations): never past 100 %
+            self.total = self.step
+            if self._bar is not None:
+                self._bar.total = self.total
         if self._bar is not None:
             self._bar.update(n)
             if elbo is not None:

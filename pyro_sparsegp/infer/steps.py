@@ -97,7 +97,9 @@ class TrainingStep:
         self.noise_lik = noise_natgrad_likelihood(module) if families else None
         # SOLVE-GP layers with both q(u) and q(v⊥) in the families move their means jointly (the closed-form bound
         # carries the probe whose gradient couples them; natgrad.solvegp_joint_natgrad_from_grads_)
-        self.pairs = natgrad_pairs(module, families) if elbo == "analytic" else []
+        # (a family frozen with requires_grad_(False) is in no pair: it stays put and its partner steps alone)
+        trainable = [q for q in families if all(p.requires_grad for p in q.parameters())]
+        self.pairs = natgrad_pairs(module, trainable) if elbo == "analytic" else []
         paired = {id(q) for gp in self.pairs for q in (gp.q_u, gp.q_v)}
         solo = [q for q in families if id(q) not in paired]
         nat_ids = {id(p) for q in families for p in q.parameters()}

@@ -51,6 +51,33 @@ def test_the_logged_elbo_is_the_mean_of_the_last_twenty_steps(monkeypatch):
     assert abs(losses[0] - losses[-1]) > 0.1 * abs(losses[-1])  # the first loss differs: the test can fail
 
 
+def test_a_resumed_run_logs_the_same_elbo_as_an_uninterrupted_one(monkeypatch, tmp_path):
+    X = torch.randn(300, 2)
+    y = torch.sin(X[:, 0])
+
+    def run(steps, **kw):
+        torch.manual_seed(0)
+        gp = ps.SVGP(RBF(2), X[:8].clone(), ps.Gaussian(0.1))
+        buf = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", buf)
+        ps.infer.fit(gp, X, y, num_steps=steps, batch_size=50, **kw)
+        monkeypatch.undo()
+        return buf.getvalue().strip().splitlines()[-1]
+
+    whole = run(60)
+    run(50, checkpoint=tmp_path / "c.pt", checkpoint_every=50)
+    resumed = run(60, resume=tmp_path / "c.pt")
+    assert whole.split("elbo ")[1].split()[0] == resumed.split("elbo ")[1].split()[0], (whole, resumed)
+
+
+def test_steps_past_an_estimated_total_never_show_more_than_100_percent():
+    buf = io.StringIO()
+    p = Progress(4, file=buf, mode="lines", metric="log Z")
+    p.update(5, elbo=-1.0)
+    p.close()
+    assert buf.getvalue().strip().splitlines()[-1].startswith("fit: step 5/5 (100%)")
+
+
 def test_line_mode_writes_after_the_time_limit_too():
     buf = io.StringIO()
     p = Progress(1000, file=buf, mode="lines", seconds=0.0)

@@ -154,6 +154,24 @@ def test_noise_step_needs_a_gradient_and_skips_a_frozen_noise_or_one_with_a_prio
     assert noise_natgrad_likelihood(gp) is None
 
 
+@pytest.mark.parametrize("frozen", ["q_u", "q_v"])
+def test_fit_leaves_a_frozen_solvegp_family_and_steps_its_partner(frozen):
+    """A SOLVE-GP family frozen the PyTorch way is in no joint pair: it stays put and the other family takes its own
+    natural steps (the joint step used to raise "no gradient; call backward() first")."""
+    X, y, _ = _gp(whiten=True)
+    gp = ps.SOLVEGP(RBF(D), X[:4].clone(), X[4:8].clone(), ps.Gaussian(0.1))
+    other = "q_v" if frozen == "q_u" else "q_u"
+    for p in getattr(gp, frozen).parameters():
+        p.requires_grad_(False)
+    before = {k: v.clone() for k, v in gp.state_dict().items()}
+    elbo0 = gp.analytic_elbo(X, y).item()
+    fit(gp, X, y, num_steps=10, batch_size=N, progress=False)
+    after = gp.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith(frozen + "."))
+    assert not torch.equal(before[other + ".u_loc_unconstrained"], after[other + ".u_loc_unconstrained"])
+    assert gp.analytic_elbo(X, y).item() > elbo0
+
+
 @pytest.mark.float64
 @pytest.mark.parametrize("num_outputs", [None, 2], ids=["one_output", "two_outputs"])
 def test_fit_with_natural_gradients_reaches_the_collapsed_optimum_in_the_noise(num_outputs):
