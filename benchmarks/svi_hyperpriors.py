@@ -4,7 +4,7 @@ guide in an ``AutoGuideList``, plain ``SVI``) trained with ``ps.infer.NaturalGra
 5 %.
 
     PYTHONPATH=. python benchmarks/svi_hyperpriors.py [--quick] [--json PATH] [--threads T] [--steps 600 2000]
-        [--seeds 0 1 2]
+        [--seeds 0 1 2] [--natgrad-lr 0.1]
 
 Data: UCI power plant, split 0 (bundled: 8,611 / 957), inputs and target standardised with the training statistics;
 RMSE and test log-likelihood in standardised units. Model: SVGP, RBF with one lengthscale per input, M = 128
@@ -67,7 +67,7 @@ def run_fit(X, y, Xt, yt, Z, steps, seed):
     return time.perf_counter() - t, *metrics(gp, Xt, yt)
 
 
-def run_svi(X, y, Xt, yt, Z, steps, seed, natgrad, particles=8):
+def run_svi(X, y, Xt, yt, Z, steps, seed, natgrad, particles=8, natgrad_lr=0.1):
     k = RBF(4)
     k.lengthscale = PyroSample(dist.LogNormal(torch.zeros(4), 1.0).to_event(1))
     k.variance = PyroSample(dist.LogNormal(0.0, 1.0))
@@ -78,7 +78,7 @@ def run_svi(X, y, Xt, yt, Z, steps, seed, natgrad, particles=8):
     guide = AutoGuideList(gp.model, create_plates=gp.create_plates)
     guide.append(AutoNormal(poutine.block(gp.model, expose_fn=lambda m: m["name"].startswith(hyper))))
     guide.append(gp.guide)
-    optim = (ps.infer.NaturalGradient(pyro.optim.Adam({"lr": LR}), natgrad_lr=0.1) if natgrad
+    optim = (ps.infer.NaturalGradient(pyro.optim.Adam({"lr": LR}), natgrad_lr=natgrad_lr) if natgrad
              else pyro.optim.Adam({"lr": LR}))
     elbo = TraceMeanField_ELBO(num_particles=particles, vectorize_particles=particles > 1, max_plate_nesting=1)
     svi = SVI(gp.model, guide, optim, elbo)
@@ -96,6 +96,7 @@ def main():
     p = parser(__doc__)
     p.add_argument("--steps", type=int, nargs="+", default=None)
     p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--natgrad-lr", type=float, default=0.1, help="NaturalGradient's step length (the docs' 0.1)")
     args = p.parse_args()
     setup(args)
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -110,11 +111,13 @@ def main():
         for seed in seeds:
             Z = X[torch.randperm(len(X), generator=torch.Generator().manual_seed(seed), device="cpu")[:M]]
             res = {"fit_ml2": run_fit(X, y, Xt, yt, Z, steps, seed),
-                   "svi_natgrad": run_svi(X, y, Xt, yt, Z, steps, seed, True),
-                   "svi_natgrad_1p": run_svi(X, y, Xt, yt, Z, steps, seed, True, particles=1),
+                   "svi_natgrad": run_svi(X, y, Xt, yt, Z, steps, seed, True, natgrad_lr=args.natgrad_lr),
+                   "svi_natgrad_1p": run_svi(X, y, Xt, yt, Z, steps, seed, True, particles=1,
+                                             natgrad_lr=args.natgrad_lr),
                    "svi_adam": run_svi(X, y, Xt, yt, Z, steps, seed, False)}
             for model, (secs, rmse, ll) in res.items():
                 rows.append({"dataset": "powerplant", "model": model, "steps": steps, "seed": seed, "M": M,
+                             "natgrad_lr": args.natgrad_lr if model.startswith("svi_natgrad") else None,
                              "batch": B, "test_rmse": rmse, "test_ll": ll, "seconds": secs,
                              "ratio_rmse": rmse / res["fit_ml2"][1]})
             print(table(rows[-4:], ["model", "steps", "seed", "test_rmse", "test_ll", "seconds", "ratio_rmse"]),

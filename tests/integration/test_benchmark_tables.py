@@ -209,3 +209,22 @@ def test_natgrad_dgp_rows_run_the_chosen_methods():
     assert [r["method"] for r in rows] == ["nat_all", "nat_all_avg"]
     assert all(r["failure"] == "" and math.isfinite(r["test_ll"]) for r in rows)
     assert rows[0]["train_elbo"] != rows[1]["train_elbo"]
+
+
+def test_svi_natgrad_choices_runs_each_method_on_both_programs():
+    """benchmarks/svi_natgrad_choices.py: two steps of each method on the grid's SVGP and SOLVE-GP and on the
+    hand-written deep GP give finite losses; the methods are the step lengths and warm-ups they name."""
+    import math
+
+    import pyro
+    from pyro.infer import Trace_ELBO
+
+    ch = _bench("svi_natgrad_choices")
+    pyro.settings.set(module_local_params=True)
+    opt = ch._optim("ng0.01_warmup5")
+    assert opt.natgrad_lr == 0.01 and opt.schedule.steps == 5 and isinstance(ch._optim("adam"), pyro.optim.PyroOptim)
+    X, y = ch.grid_data(N=200)
+    for model in ("svgp", "solvegp"):
+        assert math.isfinite(ch.grid_run(X, y, model, Trace_ELBO, 64, 0, "ng0.1", 2))
+    Xd, yd = ch.dgp_data()
+    assert math.isfinite(ch.dgp_run(Xd.to(torch.get_default_dtype()), yd.to(torch.get_default_dtype()), 0, "ng0.1", 2))
