@@ -115,8 +115,8 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
                                 or not 0.0 < float(average) <= 1.0):
         raise ValueError(f"average must be a fraction in (0, 1] of the steps (the last ones are averaged) or None, "
                          f"got {average!r}")
-    plan = NatGradPlan(module, int(warmup), retraction, layers, average, num_steps, conjugate and analytic)
-    plan.running_start = running_start
+    plan = NatGradPlan(module, int(warmup), retraction, layers, average, num_steps, conjugate and analytic,
+                       running_start)
     return natgrad_lr, plan
 
 
@@ -127,11 +127,11 @@ class NatGradPlan:
     :func:`resolve_natgrad`, then :meth:`start` once the families are known. No tensors of its own (the average's are
     in :class:`~pyro_sparsegp.infer.averaging.IterateAverage`), so shapes do not apply."""
 
-    def __init__(self, module, warmup, retraction, layers, average, num_steps, conjugate):
+    def __init__(self, module, warmup, retraction, layers, average, num_steps, conjugate, running_start=False):
         self.module, self.warmup, self.retraction, self.layers = module, warmup, retraction, layers
         self.average, self.num_steps, self.conjugate = average, num_steps, conjugate
+        self.running_start = running_start  # natgrad_warmup="auto" on a conjugate step: RunningAverageStart
         self.schedule, self.averager, self._hidden = None, None, set()
-        self.running_start = False  # natgrad_warmup="auto" on a step exact at length 1 (set by resolve_natgrad)
 
     def families(self) -> list:
         """The families that take natural steps: ``natgrad_layers="all"`` every full-covariance ``GaussianQ``, else
