@@ -307,10 +307,22 @@ def kernel_matrix(kernel, X: torch.Tensor, Z: torch.Tensor | None = None) -> tor
         batch = torch.broadcast_shapes(X.shape[:-2], Zi.shape[:-2])
         Xb = X.expand(batch + X.shape[-2:]).reshape(-1, *X.shape[-2:])
         Zb = Zi.expand(batch + Zi.shape[-2:]).reshape(-1, *Zi.shape[-2:])
-        K = torch.stack([kernel(x, z) for x, z in zip(Xb, Zb, strict=True)])
+        K = torch.stack([_checked(kernel, kernel(x, z), (x.shape[0], z.shape[0])) for x, z in zip(Xb, Zb, strict=True)])
         return K.reshape(batch + K.shape[-2:])
-    K = kernel(X.reshape(-1, X.shape[-1]), Zi)
+    X2 = X.reshape(-1, X.shape[-1])
+    K = _checked(kernel, kernel(X2, Zi), (X2.shape[0], Zi.shape[-2]))
     return K.reshape(X.shape[:-1] + Zi.shape[-2:-1])
+
+
+def _checked(kernel, K: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """``K`` if its shape is ``shape`` (a user kernel's ``forward(X [N, D], Z [M, D])`` must give ``[N, M]``, and
+    ``forward(X, diag=True)`` ``[N]``), else ``ValueError``: a reshape would read a transposed block silently."""
+    if tuple(K.shape) != tuple(shape):
+        what = "k(X, diag=True)" if len(shape) == 1 else "k(X, Z)"
+        hint = " (transposed: cdist(Z, X) instead of cdist(X, Z)?)" if tuple(K.shape) == tuple(shape)[::-1] else ""
+        raise ValueError(f"{type(kernel).__name__}: {what} must have shape {list(shape)} for X [N, D] and Z [M, D], "
+                         f"got {list(K.shape)}{hint}")
+    return K
 
 
 def kernel_diag(kernel, X: torch.Tensor) -> torch.Tensor:
@@ -319,4 +331,5 @@ def kernel_diag(kernel, X: torch.Tensor) -> torch.Tensor:
     if type(kernel) in _ISOTROPIC:
         var = _diag_var(_hyper(kernel, "variance"))
         return var.expand(torch.broadcast_shapes(var.shape, X.shape[:-1]))
-    return kernel(X.reshape(-1, X.shape[-1]), diag=True).reshape(X.shape[:-1])
+    X2 = X.reshape(-1, X.shape[-1])
+    return _checked(kernel, kernel(X2, diag=True), (X2.shape[0],)).reshape(X.shape[:-1])

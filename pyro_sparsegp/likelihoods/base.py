@@ -105,7 +105,7 @@ class Likelihood(PyroModule):
     def distribution(self, f: torch.Tensor) -> dist.Distribution:
         """Distribution of ``y`` given ``f`` ``[..., B]``; batch shape ``[..., B]``. The factor
         :math:`p(y_n | f_n)` of the factorising likelihood (Hensman et al. 2015, section 4)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define distribution(f)")
 
     def y_shape(self, f_shape: torch.Size) -> torch.Size:
         """Batch shape of ``y`` for latent values of shape ``f_shape`` (``[..., B]`` gives ``[..., B]`` for
@@ -146,9 +146,8 @@ class Likelihood(PyroModule):
         with :meth:`num_nodes` nodes (Hensman, Matthews, Ghahramani 2015, section 4: the one-dimensional integrals
         of the expected log-likelihood in eq. 21). ``y``, ``f_loc``, ``f_var`` broadcast to ``[..., B]``; returns
         ``[..., B]``."""
-        x, w = gauss_hermite(self.num_nodes(f_var), f_loc.dtype, f_loc.device)
-        f = f_loc.unsqueeze(-1) + f_var.sqrt().unsqueeze(-1) * x  # [..., B, n]
-        logp = self.distribution(f).log_prob(self._as_values(y, f_loc).unsqueeze(-1))
+        component, w = self._at_nodes(f_loc, f_var)
+        logp = component.log_prob(self._as_values(y, f_loc).unsqueeze(-1))  # [..., B, n]
         return (logp * w).sum(-1)
 
     def expected_log_prob(self, y, f_loc, f_var) -> torch.Tensor:
@@ -159,8 +158,25 @@ class Likelihood(PyroModule):
     def predictive(self, f_loc, f_var) -> dist.Distribution:
         """Predictive distribution of ``y*`` given ``q(f*) = N(f_loc, f_var)``, ``f_loc``, ``f_var`` ``[..., B]``;
         batch shape ``[..., B]``. :math:`p(y_*) = \\int p(y_*|f_*) q(f_*) df_*` with :math:`q(f_*)` the marginal
-        of Hensman et al. 2015, eqs. 18-19."""
-        raise NotImplementedError
+        of Hensman et al. 2015, eqs. 18-19. The default is that integral by Gauss-Hermite quadrature (as
+        :meth:`quadrature_expected_log_prob`): a mixture of ``distribution(f_i)`` at the nodes
+        :math:`f_i = \\mu + \\sigma x_i` with the weights :math:`w_i`, whose ``log_prob``, ``mean`` and ``sample``
+        work for any element-wise likelihood; subclasses override it with a closed form."""
+        component, w = self._at_nodes(f_loc, f_var)
+        return dist.MixtureSameFamily(dist.Categorical(probs=w.expand(component.batch_shape)), component)
+
+    def _at_nodes(self, f_loc, f_var):
+        """``(distribution(f) [..., B, n], w [n])`` at the Gauss-Hermite nodes ``f = f_loc + sqrt(f_var) x`` of
+        :meth:`num_nodes` points; ``ValueError`` for a distribution with event dimensions (these defaults integrate
+        element-wise factors)."""
+        x, w = gauss_hermite(self.num_nodes(f_var), f_loc.dtype, f_loc.device)
+        component = self.distribution(f_loc.unsqueeze(-1) + f_var.sqrt().unsqueeze(-1) * x)  # [..., B, n]
+        if component.event_shape != torch.Size():
+            raise ValueError(f"{type(self).__name__}.distribution(f) must have batch shape [..., B] and no event "
+                             f"dimensions (got event shape {tuple(component.event_shape)}): the default "
+                             "expected_log_prob and predictive integrate element-wise factors; override them for "
+                             "another layout")
+        return component, w
 
     def predictive_log_prob(self, y, f_loc, f_var) -> torch.Tensor:
         """:math:`\\log \\int p(y|f) N(f; f_{loc}, f_{var}) df` (test log-likelihood), with :math:`q(f)` the

@@ -128,3 +128,27 @@ def test_ill_conditioning_advice_fits_the_method_and_is_silent_where_harmless():
         warnings.simplefilter("error")  # neither the whitened Kuu of Z nor the 300 x 300 covariance of q(f*) warns
         draws = smooth.sample_posterior(torch.linspace(-2, 2, 300)[:, None], num_samples=3)
     assert draws.shape == (3, 300) and torch.isfinite(draws).all()
+
+
+def test_a_user_kernel_with_a_transposed_or_square_block_is_refused():
+    """A user kernel's ``forward(X, Z)`` must give ``[N, M]`` and ``forward(X, diag=True)`` ``[N]``: a transposed block
+    used to be reshaped into ``[N, M]`` silently (a model that trained on scrambled covariances)."""
+    from pyro.contrib.gp.kernels import Kernel
+
+    class Transposed(Kernel):
+        def forward(self, X, Z=None, diag=False):
+            Z = X if Z is None else Z
+            if diag:
+                return torch.ones(X.shape[0], dtype=X.dtype)
+            return torch.exp(-0.5 * torch.cdist(Z, X) ** 2)  # [M, N]: the bug
+
+    class SquareDiag(Kernel):
+        def forward(self, X, Z=None, diag=False):
+            Z = X if Z is None else Z
+            return torch.exp(-0.5 * torch.cdist(X, Z) ** 2)  # ignores diag
+
+    X, y = torch.randn(6, 2), torch.randn(6)
+    with pytest.raises(ValueError, match=r"k\(X, Z\) must have shape \[3, 6\].*got \[6, 3\] \(transposed"):
+        ps.SVGP(Transposed(2), X[:3].clone(), ps.Gaussian(0.1)).analytic_elbo(X, y)
+    with pytest.raises(ValueError, match=r"k\(X, diag=True\) must have shape \[6\]"):
+        ps.SVGP(SquareDiag(2), X[:3].clone(), ps.Gaussian(0.1)).analytic_elbo(X, y)
