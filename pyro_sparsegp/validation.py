@@ -136,7 +136,8 @@ def check_module_args(kernel, Z, likelihood=None, num_outputs=None, jitter=None)
         )
     if likelihood is not None and type(likelihood).distribution is Likelihood.distribution:
         raise TypeError(f"{type(likelihood).__name__} must define distribution(f), the distribution of y given f "
-                        "[..., B] with batch shape [..., B] (docs/extending.md, 'Your own likelihood')")
+                        "[..., B] with batch shape [..., B] (docs/extending.md: 'Your own kernel, likelihood or mean "
+                        "function')")
     for what, mod in (("kernel", kernel), ("likelihood", likelihood)):
         for d in _param_dtypes(mod):
             if d != Z.dtype:
