@@ -37,7 +37,8 @@ ODVGP and SVGP M, and writes the ratios (``ratio_8M_4M``, ``ratio_16M_8M``) as J
 ``O(M^3 + B M^2)`` (as SVGP M) plus ``(B + M + J) M2`` kernel evaluations (``K_fv a``, ``K_uv a``, ``K_{S,:} a``,
 through :func:`pyro_sparsegp.kernels.kernel_matvec`), so the ratio per doubling of M2 is small where the first part
 dominates: at the paper's M = 1024 with one thread (``--timing --M 1024 --threads 1``, 2-core CPU: 1.16 and 1.28;
-1.25 and 1.23 with the scratch blocks of ``kernel_matvec``, measured beside another job; with two threads 1.28 and
+1.25 and 1.23 with the scratch blocks of ``kernel_matvec``, measured beside another job, 1.16 and 1.25 on a quiet
+machine; with two threads 1.28 and
 1.44, as BLAS scales with the second thread and the blocked exp/sqrt barely do), not at M = 128 (1.23 and 1.41 on a
 quiet machine: SVGP M takes 15.7 ms and the ``M2`` part 13, 20 and 35 ms at 4M, 8M, 16M, of which the square root
 and the exponential of the Matérn kernel, 1.8 ns each per entry in float64 on this CPU and computed in the forward
