@@ -71,3 +71,13 @@ def test_a_likelihood_without_distribution_or_with_event_dimensions_is_named():
 
     with pytest.raises(ValueError, match="no event dimensions"):
         EventDims().expected_log_prob(torch.zeros(5), torch.zeros(5), torch.ones(5))
+
+
+def test_the_default_predictive_is_laid_out_like_y_with_several_outputs():
+    X = torch.linspace(-2, 2, 40).unsqueeze(-1)
+    Y = torch.poisson(torch.exp(torch.stack([torch.sin(2 * X[:, 0]), torch.cos(X[:, 0])], -1)))
+    gp = ps.SVGP(RBF(1), X[::8].clone(), Poisson(), num_outputs=2)
+    ps.infer.fit(gp, X, Y, num_steps=10, batch_size=40, progress=False)
+    mean, var, pred = gp.predict(X[:5], full=True)
+    assert mean.shape == pred.batch_shape == (5, 2) and pred.log_prob(Y[:5]).shape == (5, 2)
+    assert torch.allclose(pred.log_prob(Y[:5]), gp.likelihood.predictive_log_prob(Y[:5], mean, var))
