@@ -66,9 +66,9 @@ class RunningAverageStart:
     """
 
     def __init__(self, target: float):
-        if isinstance(target, bool) or not isinstance(target, numbers.Real) or not 0.0 < float(target) <= 1.0:
-            raise ValueError(f"RunningAverageStart: target must be a number in (0, 1], got {target!r}")
-        self.target, self.steps = float(target), 0  # ``steps``: no ramp from a small length (for reprs)
+        from .natgrad import check_natgrad_lr
+
+        self.target, self.steps = check_natgrad_lr(target), 0  # ``steps``: no ramp from a small length (for reprs)
 
     def __call__(self, step: int) -> float:
         """The step length of step ``step`` (an ``int >= 0``; returns a float)."""
