@@ -127,6 +127,19 @@ class BatchSource:
         elif self._batches is None:
             self._batches = self._from_loader()
 
+    def one_pass(self):
+        """Every row of this rank's share of the data once, in order, as batches ``(X [B, D], y [B, ...])``: rows in
+        blocks of ``batch_size``, block ``rank`` of every ``world_size``; a loader's next epoch (a shard per rank).
+        For :func:`~pyro_sparsegp.infer.exact_finish.exact_finish_`; the run's own order is left as it is."""
+        if self.loader is not None:
+            for Xb, yb in self.loader:
+                yield Xb.to(device=self.device, dtype=self.dtype), yb.to(
+                    device=self.device, dtype=self.dtype if yb.is_floating_point() else yb.dtype)
+            return
+        B = self.batch_size
+        for start in range(self.rank * B, self.num_data, self.world_size * B):
+            yield self._fetch(torch.arange(start, min(start + B, self.num_data)))
+
     def __iter__(self):
         return self
 

@@ -22,9 +22,12 @@ class FitState:
     losses: list = field(default_factory=list)
 
 
-def save_checkpoint(path, module, optimizer, state: FitState, extra: dict | None = None) -> None:
+def save_checkpoint(path, module, optimizer, state: FitState, extra: dict | None = None,
+                    loop_state: dict | None = None) -> None:
     """Write the whole training state (module parameters, optimizer state, step, losses, RNG states and ``extra``,
-    e.g. fit's batch size) to ``path`` atomically (a temporary file, then a rename)."""
+    e.g. fit's batch size) to ``path`` atomically (a temporary file, then a rename). ``loop_state``: the module's
+    ``state_dict`` as the training loop left it, where the end of ``fit`` then changed the module (the exact finish,
+    the iterate average): ``"module"`` holds the final model and :func:`load_checkpoint` resumes from this one."""
     payload = {
         "format": CHECKPOINT_FORMAT,
         "module": module.state_dict(),
@@ -34,6 +37,8 @@ def save_checkpoint(path, module, optimizer, state: FitState, extra: dict | None
         "torch_rng": torch.get_rng_state(),
         "extra": extra or {},
     }
+    if loop_state is not None:
+        payload["loop_module"] = loop_state
     if torch.cuda.is_available():
         payload["cuda_rng"] = torch.cuda.get_rng_state_all()
     tmp = f"{path}.tmp"
@@ -91,7 +96,7 @@ def load_checkpoint(path, module, optimizer=None, expect: dict | None = None) ->
             raise ValueError(f"checkpoint {path!r} was written with {k}={saved!r}; this run has {k}={v!r}: resume "
                              f"with the same {k} (or start afresh without resume)")
     own = module.state_dict()
-    theirs = payload["module"]
+    theirs = payload.get("loop_module", payload["module"])  # training continues from the loop's own iterate
     if own.keys() != theirs.keys() or any(own[k].shape != theirs[k].shape for k in own):
         diff = sorted(set(own) ^ set(theirs)) or [k for k in own if own[k].shape != theirs[k].shape]
         raise ValueError(f"checkpoint {path!r} holds another module layout (differing entries: {diff[:6]})")

@@ -31,6 +31,8 @@ import collections
 import math
 import numbers
 import os
+import sys
+import time
 from dataclasses import dataclass
 
 import pyro
@@ -49,6 +51,7 @@ from .checkpoint import (  # noqa: F401
     save_checkpoint,
 )
 from .distributed import _average, _dist, broadcast_parameters, check_same_data  # noqa: F401
+from .exact_finish import exact_finish_, supports_exact_finish
 from .guard import (  # noqa: F401
     _MAX_JITTER_TRIES,
     _NUMERICAL,
@@ -106,6 +109,7 @@ class _Arguments:
     dtype: torch.dtype
     device: torch.device
     plan: NatGradPlan  # warm-up, positive-definite step, layers, iterate average (natgrad_options.py)
+    finish: bool  # the exact last step for q(u) and the noise (exact_finish.py)
 
 
 def _natgrad(module, natgrad_lr, elbo, num_steps, batch_fraction, options: dict):
@@ -115,6 +119,24 @@ def _natgrad(module, natgrad_lr, elbo, num_steps, batch_fraction, options: dict)
     natgrad_lr, plan = resolve_natgrad(module, natgrad_lr, elbo, _default_elbo(module), num_steps=num_steps,
                                        batch_fraction=batch_fraction, **options)
     return _positive("natgrad_lr", natgrad_lr, allow_none=True, high=1), plan
+
+
+def _finish(module, finish, elbo, natgrad_lr, loader, average, num_steps) -> bool:
+    """Whether fit ends with :func:`~pyro_sparsegp.infer.exact_finish.exact_finish_`: ``"exact"`` (where it
+    applies, else a ``ValueError``), ``None``, or ``"auto"``: exact for an SVGP with a Gaussian likelihood trained by
+    natural gradients on the closed-form bound from ``X, y`` or a ``dataset`` (not a loader, which may be endless),
+    without ``average``. No tensors, so shapes do not apply."""
+    if finish not in ("auto", "exact", None):
+        raise ValueError(f'finish must be "auto", "exact" or None, got {finish!r}')
+    if finish == "exact":
+        if not supports_exact_finish(module):
+            raise ValueError('finish="exact" needs an SVGP with a Gaussian likelihood, a full-covariance q(u) and no '
+                             f"mean function; {type(module).__name__} is not one")
+        if average is not None:
+            raise ValueError('average and finish="exact" both set q(u) and the noise at the end: choose one')
+        return True
+    return (finish == "auto" and num_steps > 0 and supports_exact_finish(module) and elbo == "analytic"
+            and natgrad_lr is not None and loader is None and average is None)
 
 
 def _check_files(checkpoint, checkpoint_every, resume, num_steps):
@@ -168,6 +190,7 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
     """fit's arguments checked (a ``ValueError`` or ``TypeError`` naming the first wrong one, before anything is
     touched) and completed with their defaults."""
     num_steps = _int("num_steps", num_steps, 0)
+    finish = natgrad_options.pop("finish")
     if loader is not None and batch_size is not None:
         raise ValueError("batch_size applies to X, y and dataset=...; a loader's batches are its own (set batch_size "
                          "on the DataLoader)")
@@ -186,6 +209,7 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
     fraction = batch / num_data if batch else None
     natgrad_lr, plan = _natgrad(module, natgrad_lr, elbo, num_steps, fraction, natgrad_options)
     elbo = _default_elbo(module) if elbo is None else elbo
+    finish = _finish(module, finish, elbo, natgrad_lr, loader, natgrad_options["average"], num_steps)
     if elbo != "analytic" and not hasattr(elbo, "differentiable_loss"):
         raise TypeError('elbo must be a Pyro ELBO with differentiable_loss, or "analytic"')
     if elbo == "analytic" and not hasattr(module, "analytic_elbo"):
@@ -198,7 +222,7 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
                          "ps.infer.NaturalGradient for q(u)")
     sync_every = (20 if device.type != "cpu" else 1) if sync_every is None else _int("sync_every", sync_every, 1)
     return _Arguments(X, y, num_data, num_steps, batch_size, lr, natgrad_lr, elbo, seed, checkpoint_every,
-                      sync_every, dtype, device, plan)
+                      sync_every, dtype, device, plan, finish)
 
 
 class _RunningElbo:
@@ -257,6 +281,7 @@ def fit(
     natgrad_retraction: bool | str = "auto",
     natgrad_layers: str = "auto",
     average: float | None = None,
+    finish: str | None = "auto",
 ) -> FitState:
     """Train ``module`` by maximising its ELBO; returns a :class:`FitState` (the per-step losses, negative ELBO
     estimates). The arguments in brief (each in full, with the policies and measurements behind the defaults, in
@@ -274,6 +299,9 @@ def fit(
       ``natgrad_retraction``, ``natgrad_layers``: natural-gradient steps on the Gaussian variational families
       (:mod:`~pyro_sparsegp.infer.natgrad_options` has the ``"auto"`` policy);
     * ``average``: the Polyak-Ruppert average over the last fraction ``average`` of the steps;
+    * ``finish``: ``"exact"`` ends with q(u) and the Gaussian noise at their optimum on all the data (one pass;
+      :mod:`~pyro_sparsegp.infer.exact_finish`), ``None`` keeps the last iterate; ``"auto"``: exact for an SVGP
+      with a Gaussian likelihood, natural gradients and ``X, y`` or ``dataset``;
     * ``checkpoint``, ``checkpoint_every``, ``resume``: checkpoints from which a run resumes identically.
 
     :raises NonFiniteLossError: on a numerical failure, after restoring the last good parameters; it names the step.
@@ -281,7 +309,7 @@ def fit(
     a = _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_size, lr, natgrad_lr, elbo, seed,
                          checkpoint, checkpoint_every, resume, sync_every,
                          dict(warmup=natgrad_warmup, retraction=natgrad_retraction, layers=natgrad_layers,
-                              average=average))
+                              average=average, finish=finish))
     rank, world = _dist()
     if world > 1 and loader is None:  # every rank must hold the same data (a loader may be a shard per rank)
         check_same_data(a.X, a.y, a.num_data, a.device)
@@ -306,10 +334,31 @@ def fit(
         _loop(module, a, source, trainer, guard, state, callback, checkpoint, run_key, rank)
     finally:
         bar.close()
-    a.plan.finish()  # the iterate average (``average``) into the module
-    if checkpoint and rank == 0:
-        save_checkpoint(checkpoint, module, trainer.optimizer, state, run_key)
+    _end_of_run(module, a, source, trainer, state, checkpoint if rank == 0 else None, run_key, show)
     return state
+
+
+def _end_of_run(module, a, source, trainer, state, checkpoint, run_key, show) -> None:
+    """After the loop: the iterate average (``average``) or the exact finish into the module, then the checkpoint
+    (``None``: none, or not rank 0's to write) with the final model and the loop's own state to resume from."""
+    loop_state = {k: v.detach().clone() for k, v in module.state_dict().items()} if checkpoint else None
+    changed = a.plan.finish()
+    if a.finish:  # q(u) and the noise at their optimum on all the data, given the hyperparameters
+        _exact_finish(module, source, a.num_data, show)
+    if checkpoint:
+        save_checkpoint(checkpoint, module, trainer.optimizer, state, run_key,
+                        loop_state=loop_state if changed or a.finish else None)
+
+
+def _exact_finish(module, source: BatchSource, num_data: int, show: bool) -> None:
+    """fit's last pass (:func:`~pyro_sparsegp.infer.exact_finish.exact_finish_`), with a line on ``stderr`` where
+    progress is shown (a pass over a large data set takes a while after the bar's 100%)."""
+    start = time.perf_counter()
+    exact_finish_(module, source.one_pass(), num_data=num_data)
+    if show:
+        noise = module.likelihood.noise.detach()
+        print(f"fit: exact finish of q(u) and the noise on all {num_data} points ({time.perf_counter() - start:.1f} "
+              f"s): noise {float(noise):.4g}", file=sys.stderr, flush=True)
 
 
 def _initial_state(module, trainer, resume, expect, seed):

@@ -1,0 +1,158 @@
+"""fit's exact finish (issue #26, item 4): q(u) and the Gaussian noise set to their joint optimum on all the data at
+the end of training, checked against the collapsed bound of Titsias (2009) computed densely and maximised over the
+noise on a grid; the ``finish`` argument's policy and errors; checkpoints keep the loop's state to resume from."""
+
+import pytest
+import torch
+from pyro.contrib.gp.kernels import RBF
+from torch.utils.data import DataLoader, TensorDataset
+
+import pyro_sparsegp as ps
+from pyro_sparsegp.infer import fit
+from pyro_sparsegp.infer.exact_finish import exact_finish_
+
+
+def _data(N=200, D=2, L=None):
+    X = torch.randn(N, D)
+    f = torch.sin(X.sum(-1, keepdim=True) + torch.arange(L or 1))
+    y = f + 0.2 * torch.randn_like(f)
+    return X, (y[:, 0] if L is None else y)
+
+
+def _dense_collapsed(gp, X, Y, noise):
+    """Titsias's collapsed bound ``sum_l log N(y_l; 0, Q + s2 I) - L tr(K - Q) / (2 s2)`` (``Y [N, L]``), dense."""
+    with torch.no_grad():
+        Kuu = gp.kernel(gp.Z)
+        Kuf = gp.kernel(gp.Z, X)
+        Q = Kuf.mT @ torch.linalg.solve(Kuu, Kuf)
+        trace = (gp.kernel(X, diag=True) - Q.diagonal()).sum()
+        C = Q + noise * torch.eye(len(X))
+        mvn = torch.distributions.MultivariateNormal(torch.zeros(len(X)), C)
+        return mvn.log_prob(Y.mT).sum() - Y.shape[1] * trace / (2 * noise)
+
+
+def _grid_max(gp, X, Y):
+    """``(noise, bound)`` at the maximum of the dense collapsed bound over a log grid of the noise, refined twice."""
+    lo, hi = -6.0, 1.0
+    for _ in range(3):
+        grid = torch.exp(torch.linspace(lo, hi, 201))
+        vals = torch.stack([_dense_collapsed(gp, X, Y, s) for s in grid])
+        i = int(vals.argmax())
+        lo, hi = float(grid[max(i - 2, 0)].log()), float(grid[min(i + 2, 200)].log())
+    return float(grid[i]), float(vals[i])
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("L", [None, 2])
+def test_the_finish_lands_on_the_collapsed_bound_optimum(whiten, L):
+    X, y = _data(L=L)
+    gp = ps.SVGP(RBF(2), X[:12].clone(), ps.Gaussian(noise=0.5), whiten=whiten, num_outputs=L)
+    steps = exact_finish_(gp, [(X[:70], y[:70]), (X[70:], y[70:])])
+    assert 0 < steps < 500
+    noise, best = _grid_max(gp, X, y.unsqueeze(-1) if L is None else y)
+    assert gp.likelihood.noise.item() == pytest.approx(noise, rel=2e-3)
+    # the ELBO at the finished q(u) and noise is the collapsed bound's maximum: q(u) is Titsias's optimum
+    assert gp.analytic_elbo(X, y).item() == pytest.approx(best, abs=1e-4)
+
+
+def test_a_fixed_noise_keeps_its_value_and_q_u_is_the_optimum_at_it():
+    X, y = _data()
+    gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.3))
+    gp.likelihood.noise_unconstrained.requires_grad_(False)
+    assert exact_finish_(gp, [(X, y)]) == 0
+    assert gp.likelihood.noise.item() == pytest.approx(0.3, rel=1e-6)
+    with torch.no_grad():
+        Kuu = gp.kernel(gp.Z)
+        A = torch.linalg.solve_triangular(torch.linalg.cholesky(Kuu + 1e-9 * torch.eye(10)), gp.kernel(gp.Z, X),
+                                          upper=False)
+        S = torch.linalg.inv(torch.eye(10) + A @ A.mT / 0.3)
+        m = S @ A @ y / 0.3
+    tol = 1e-5 if torch.get_default_dtype() == torch.float64 else 2e-3
+    torch.testing.assert_close(gp.q_u.u_loc.detach(), m, atol=tol, rtol=0)
+    torch.testing.assert_close(gp.q_u.u_scale_tril @ gp.q_u.u_scale_tril.mT, S, atol=tol, rtol=0)
+
+
+def test_a_partial_pass_is_scaled_to_num_data():
+    """A loader that dropped rows stands for ``num_data`` as the minibatch bound does: the data given twice with
+    ``num_data = N`` is the data given once."""
+    X, y = _data()
+    once = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.3))
+    twice = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.3))
+    exact_finish_(once, [(X, y)])
+    exact_finish_(twice, [(X, y), (X, y)], num_data=len(X))
+    for a, b in zip(once.parameters(), twice.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_fit_finishes_exactly_by_default_and_the_full_data_bound_rises():
+    X, y = _data(N=600)
+
+    def run(**kw):
+        torch.manual_seed(0)
+        gp = ps.SVGP(RBF(2), X[:15].clone(), ps.Gaussian(noise=0.5))
+        fit(gp, X, y, num_steps=40, batch_size=50, progress=False, **kw)
+        return gp
+
+    last, finished = run(finish=None), run()
+    with torch.no_grad():
+        assert finished.analytic_elbo(X, y) > last.analytic_elbo(X, y)
+        assert not torch.equal(finished.q_u.u_loc, last.q_u.u_loc)
+        for (name, a), b in zip(finished.kernel.named_parameters(), last.kernel.parameters(), strict=True):
+            assert torch.equal(a, b), name  # hyperparameters: the loop's own
+    again = [p.detach().clone() for p in finished.parameters()]
+    exact_finish_(finished, [(X, y)])  # a fixed point: finishing twice changes nothing
+    for a, b in zip(finished.parameters(), again, strict=True):
+        torch.testing.assert_close(a.detach(), b, rtol=1e-5, atol=1e-6)
+    assert torch.equal(run(finish=None, natgrad_lr=None).q_u.u_loc, run(natgrad_lr=None).q_u.u_loc)  # Adam: off
+
+
+def test_finish_is_off_for_a_loader_and_on_when_asked():
+    X, y = _data(N=300)
+    loader = DataLoader(TensorDataset(X, y), batch_size=50, shuffle=False)
+
+    def run(**kw):
+        torch.manual_seed(0)
+        gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.5))
+        fit(gp, loader=loader, num_data=len(X), num_steps=12, progress=False, **kw)
+        return gp
+
+    assert torch.equal(run().q_u.u_loc, run(finish=None).q_u.u_loc)
+    asked, last = run(finish="exact"), run(finish=None)
+    with torch.no_grad():
+        assert asked.analytic_elbo(X, y) > last.analytic_elbo(X, y)
+
+
+def test_finish_refuses_what_it_cannot_do():
+    X, y = _data(N=100)
+    gp = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(noise=0.5))
+    with pytest.raises(ValueError, match="finish must be"):
+        fit(gp, X, y, num_steps=1, progress=False, finish="yes")
+    with pytest.raises(ValueError, match="choose one"):
+        fit(gp, X, y, num_steps=1, progress=False, finish="exact", average=0.5)
+    solve = ps.SOLVEGP(RBF(2), X[:5].clone(), X[5:10].clone(), ps.Gaussian(noise=0.5))
+    with pytest.raises(ValueError, match="needs an SVGP"):
+        fit(solve, X, y, num_steps=1, progress=False, finish="exact")
+    clf = ps.SVGP(RBF(2), X[:5].clone(), ps.Bernoulli())
+    with pytest.raises(TypeError, match="needs an SVGP"):
+        exact_finish_(clf, [(X, (y > 0).to(X.dtype))])
+
+
+def test_a_checkpoint_holds_the_final_model_and_resumes_from_the_loop(tmp_path):
+    X, y = _data(N=300)
+    kw = dict(batch_size=40, progress=False, seed=2)
+
+    def gp():
+        return ps.SVGP(RBF(2), X[:8].clone(), ps.Gaussian(noise=0.5))
+
+    straight = gp()
+    fit(straight, X, y, num_steps=20, **kw)
+    first = gp()
+    fit(first, X, y, num_steps=9, checkpoint=str(tmp_path / "c.pt"), **kw)
+    saved = torch.load(tmp_path / "c.pt")
+    for k, v in first.state_dict().items():  # "module" is the finished model the call returned
+        assert torch.equal(saved["module"][k], v), k
+    resumed = gp()
+    fit(resumed, X, y, num_steps=20, resume=str(tmp_path / "c.pt"), **kw)  # continues from the loop's iterate
+    for a, b in zip(resumed.parameters(), straight.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
