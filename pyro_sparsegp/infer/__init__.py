@@ -3,6 +3,7 @@
 
 from .averaging import IterateAverage
 from .ep import EPState, ep_log_evidence, ep_surrogate, fit_ep
+from .exact_finish import exact_finish_
 from .fit import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
 from .gfitc import GFITCConvergenceWarning, GFITCState, fit_gfitc, gfitc_log_evidence, gfitc_surrogate
 from .mfsp import MFSpState, fit_mfsp, mfsp_bound
@@ -45,6 +46,7 @@ __all__ = [
     "LogLinearWarmup",
     "RunningAverageStart",
     "IterateAverage",
+    "exact_finish_",
     "natgrad_step",
     "gaussian_natgrad_step",
     "polya_gamma_natgrad_step",

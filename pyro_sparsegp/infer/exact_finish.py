@@ -20,7 +20,16 @@ and then alternates the two exact coordinate steps of the bound
 (the first is Titsias 2009's optimal q(u); the second the noise's optimum given q(f), the fixed point of
 :func:`~pyro_sparsegp.infer.natgrad.noise_step_from_grads_`). Each raises the full-data bound, so they converge to the
 noise that maximises the collapsed bound of Titsias (2009) at the current hyperparameters, with q(u) its optimum: the
-centre of the plateau, not a sample from it. The pass costs :math:`O(NM^2)` once (as :math:`N/B` forward passes
+centre of the plateau, not a sample from it.
+
+SOLVE-GP (Shi, Titsias, Mnih 2020) has two families, q(u) q(v⊥), with features :math:`a_n` (as above) and
+:math:`d_n = L_c^{-1}c_{vn}` (whitened; :math:`C_{vv}^{-1}c_{vn}` otherwise) and prior precisions :math:`P_u, P_v`.
+Its bound (their eq. 8) with a Gaussian likelihood is quadratic in the stacked mean :math:`m = [m_u; m_v]`, so with
+:math:`\phi_n = [a_n; d_n]` and :math:`G, b` summed over :math:`\phi_n` the optimal mean is the joint
+:math:`m = (P + G/\sigma^2)^{-1}b/\sigma^2` (:math:`P = \mathrm{blockdiag}(P_u, P_v)`), and each covariance its
+own block, :math:`S_u = (P_u + G_{uu}/\sigma^2)^{-1}`, :math:`S_v = (P_v + G_{vv}/\sigma^2)^{-1}` (their eqs. 28-29
+at the full data); the noise takes :math:`\mathrm{tr}(G_{uu}S_u) + \mathrm{tr}(G_{vv}S_v)` and :math:`t_n = k_{nn} -
+\|W_n\|^2 - \|D_n\|^2`. The pass costs :math:`O(NM^2)` once (as :math:`N/B` forward passes
 without gradients); the alternations :math:`O(M^3)` each, independent of :math:`N`.
 """
 
@@ -28,47 +37,82 @@ from __future__ import annotations
 
 import torch
 
+from ..composition import sampled_attributes
 from ..likelihoods import Gaussian
-from .natgrad.closed_forms import _A, _prior_natural, _squeeze_outputs, _targets
+from ..linalg import solve_lower
+from .natgrad.closed_forms import _targets
 from .natgrad.families import noise_natgrad_likelihood
 from .natgrad.from_grads import _set_constrained
 
 __all__ = ["exact_finish_", "supports_exact_finish"]
 
 
-def supports_exact_finish(module) -> bool:
-    """Whether :func:`exact_finish_` applies to ``module``: an :class:`~pyro_sparsegp.SVGP` (one set of inducing
-    variables, q(u) with a full covariance) with a :class:`~pyro_sparsegp.Gaussian` likelihood and no mean function,
-    the layers whose bound is conjugate in q(u) (Titsias 2009; Hensman, Fusi, Lawrence 2013, section 3.2). No
-    tensors, so shapes do not apply."""
-    from ..layers import SVGP
+def _families(module) -> list:
+    """The Gaussian families the finish sets: ``[q_u]`` (SVGP), ``[q_u, q_v]`` (SOLVE-GP), or ``[]`` if none."""
+    from ..layers import SOLVEGP, SVGP
     from ..layers.solvegp import OrthogonalInputs
 
-    q = getattr(module, "q_u", None)
-    return (isinstance(module, SVGP) and not isinstance(module, OrthogonalInputs)
-            and isinstance(module.likelihood, Gaussian) and getattr(module, "mean_function", None) is None
-            and q is not None and getattr(q, "learn_scale", False))
+    if isinstance(module, SOLVEGP):
+        fams = [module.q_u, module.q_v]
+    elif isinstance(module, SVGP) and not isinstance(module, OrthogonalInputs):
+        fams = [module.q_u]
+    else:
+        return []
+    return fams if all(getattr(q, "learn_scale", False) for q in fams) else []
+
+
+def supports_exact_finish(module) -> bool:
+    """Whether :func:`exact_finish_` applies to ``module``: an :class:`~pyro_sparsegp.SVGP` or a
+    :class:`~pyro_sparsegp.SOLVEGP` (not its ODVGP restriction, whose q(v⊥) has no covariance of its own) with a
+    :class:`~pyro_sparsegp.Gaussian` likelihood and no mean function, the layers whose bound is conjugate in q(u)
+    (Titsias 2009; Hensman, Fusi, Lawrence 2013, section 3.2; Shi, Titsias, Mnih 2020, eqs. 28-29), with fixed
+    hyperparameters (no ``PyroSample``: reading one outside a trace would draw it from its prior). No tensors, so
+    shapes do not apply."""
+    return (bool(_families(module)) and isinstance(module.likelihood, Gaussian)
+            and getattr(module, "mean_function", None) is None and not sampled_attributes(module, names=False))
+
+
+def _features(layer, X):
+    """``([A_i [(L,) M_i, B]], [chol_i [(L,) M_i, M_i]], t [(L,) B])``: per family the features ``A_i`` with
+    ``E_q f = sum_i A_i^T m_i`` (whitened ``L_i^{-1} K_{i f}``; else ``K_i^{-1} K_{i f}``-like, through the factor
+    ``chol_i`` of the prior covariance ``K_uu`` or ``C_vv``), and ``t = k_nn - sum_i ||W_i||^2``, the variance that no
+    inducing variable explains."""
+    factors = tuple(layer.strategy.factors(X, consume=True))
+    if len(factors) == 5:  # SOLVE-GP: (Luu, Lc, B, D, kdiag), algorithm 1 of Shi, Titsias, Mnih 2020
+        Luu, Lc, B, D, kdiag = factors
+        W, chols = [B, D], [Luu, Lc]
+    else:
+        Luu, W0, kdiag = factors
+        W, chols = [W0], [Luu]
+    t = kdiag - sum(w.pow(2).sum(-2) for w in W)
+    A = [w if layer.whiten else solve_lower(c, w, transpose=True) for w, c in zip(W, chols, strict=True)]
+    if layer.num_outputs is not None:
+        L = layer.num_outputs
+        A = [a.expand(L, *a.shape[-2:]) for a in A]
+        chols = [c.expand(L, *c.shape[-2:]) for c in chols]
+        t = t.expand(L, t.shape[-1])
+    return A, chols, t
 
 
 @torch.no_grad()
-def _statistics(svgp, batches):
-    """``(G [..., M, M], b [..., M], s [...], t [...], n, Luu [..., M, M])``: the sums of the module docstring in
-    float64 over the ``(X [B, D], y [B] or [B, L])`` of ``batches``, the number of rows ``n`` and ``chol(Kuu)``."""
-    G = b = s = t = Luu = None
+def _statistics(layer, batches):
+    """``(G [..., K, K], b [..., K], s [...], t [...], n, chols)``: the sums of the module docstring in float64 over
+    the ``(X [B, D], y [B] or [B, L])`` of ``batches`` for the stacked features of all families (``K = sum_i M_i``),
+    the number of rows ``n`` and the last batch's prior factors."""
+    G = b = s = t = chols = None
     n = 0
     for X, y in batches:
-        X, y = svgp.check_inputs(X, y)
-        Luu, W, kdiag = _squeeze_outputs(svgp, *svgp.strategy.factors(X, consume=True))
-        A = _A(svgp, Luu, W)  # [(L,) M, B]
-        yt = _targets(svgp, y).to(A.dtype)  # [(L,) B]
-        parts = (A @ A.mT, (A @ yt.unsqueeze(-1)).squeeze(-1), yt.pow(2).sum(-1),
-                 (kdiag - W.pow(2).sum(-2)).clamp(min=0).sum(-1))
+        X, y = layer.check_inputs(X, y)
+        A, chols, resid = _features(layer, X)
+        Phi = torch.cat(A, dim=-2)  # [(L,) K, B]
+        yt = _targets(layer, y).to(Phi.dtype)  # [(L,) B]
+        parts = (Phi @ Phi.mT, (Phi @ yt.unsqueeze(-1)).squeeze(-1), yt.pow(2).sum(-1), resid.clamp(min=0).sum(-1))
         parts = [p.double() for p in parts]
         G, b, s, t = parts if G is None else [old + new for old, new in zip((G, b, s, t), parts, strict=True)]
         n += X.shape[-2]
     if G is None:
         raise ValueError("exact_finish_ got no batches")
-    return G, b, s, t, n, Luu
+    return G, b, s, t, n, chols
 
 
 def _reduce_over_ranks(tensors, n):
@@ -84,12 +128,43 @@ def _reduce_over_ranks(tensors, n):
     return out, int(round(flat[-1].item()))
 
 
-def _optimal_q(P, G, b, noise):
-    """Titsias's optimal ``(m [..., M], S [..., M, M])`` for the noise variance ``noise`` (float64)."""
-    prec = P + G / noise
+def _prior_precisions(layer, chols) -> list:
+    """Per family the prior precision ``[(L,) M_i, M_i]`` in float64: ``I`` whitened, else ``(L_i L_i^T)^{-1}``."""
+    out = []
+    for c in chols:
+        c = c.double()
+        if layer.whiten:
+            out.append(torch.eye(c.shape[-1], dtype=c.dtype, device=c.device).expand_as(c))
+        else:
+            out.append(torch.cholesky_inverse(c))
+    return out
+
+
+def _optimum(P, G, b, noise):
+    """The optimal ``(m [..., K], [S_i [..., M_i, M_i]])`` for the noise variance ``noise`` (float64): the joint mean
+    of the stacked families (the bound is quadratic in it), each family's own covariance (q factorises over
+    families: SOLVE-GP's q(u) q(v⊥))."""
+    sizes = [p.shape[-1] for p in P]
+    prec = G / noise
+    blocks, i = [], 0
+    for p, k in zip(P, sizes, strict=True):
+        prec[..., i: i + k, i: i + k] += p
+        blocks.append(torch.cholesky_inverse(torch.linalg.cholesky(prec[..., i: i + k, i: i + k])))
+        i += k
     Lp = torch.linalg.cholesky(0.5 * (prec + prec.mT))
-    S = torch.cholesky_inverse(Lp)
-    return (S @ b.unsqueeze(-1)).squeeze(-1) / noise, S
+    m = torch.cholesky_solve((b / noise).unsqueeze(-1), Lp).squeeze(-1)
+    return m, blocks
+
+
+def _expected_residual(G, b, s, m, S):
+    """``sum_n E_q (y_n - f_n)^2`` without the unexplained variance: ``s - 2 m^T b + m^T G m + sum_i tr(G_ii S_i)``."""
+    out = s - 2 * (m * b).sum(-1) + (m * (G @ m.unsqueeze(-1)).squeeze(-1)).sum(-1)
+    i = 0
+    for Si in S:
+        k = Si.shape[-1]
+        out = out + (G[..., i: i + k, i: i + k] * Si).sum((-2, -1))
+        i += k
+    return out
 
 
 @torch.no_grad()
@@ -107,31 +182,40 @@ def exact_finish_(svgp, batches, num_data: int | None = None, max_iter: int = 50
     :param tol: stop when the noise's relative change is below ``tol``.
     :returns: the number of alternations taken (0 for a fixed noise: q(u) alone is set, once).
     """
+    if sampled := sampled_attributes(svgp, names=False):
+        where = ", ".join(f"{type(sub).__name__}.{attr}" for sub, attr, _ in sampled)
+        raise ValueError(f"exact_finish_ needs fixed hyperparameters, and {where} is a PyroSample (a hyperprior): "
+                         "read outside a trace it would be a draw from its prior")
     if not supports_exact_finish(svgp):
-        raise TypeError(f"exact_finish_ needs an SVGP with a Gaussian likelihood and no mean function, got "
-                        f"{type(svgp).__name__} with {type(getattr(svgp, 'likelihood', None)).__name__}")
-    G, b, s, t, n, Luu = _statistics(svgp, batches)
+        raise TypeError(f"exact_finish_ needs an SVGP or SOLVEGP with a Gaussian likelihood, full-covariance "
+                        f"families and no mean function, got {type(svgp).__name__} with "
+                        f"{type(getattr(svgp, 'likelihood', None)).__name__}")
+    G, b, s, t, n, chols = _statistics(svgp, batches)
     (G, b, s, t), n = _reduce_over_ranks([G, b, s, t], n)
     scale = 1.0 if num_data is None else num_data / n
     G, b, s, t = G * scale, b * scale, s * scale, t * scale
     count = (num_data or n) * (b.shape[0] if b.dim() == 2 else 1)  # scalar observations sharing the noise
-    P = -2 * _prior_natural(svgp, Luu.double())
-    P = P.expand_as(G)
+    P = _prior_precisions(svgp, chols)
     lik = noise_natgrad_likelihood(svgp)
     noise = svgp.likelihood.noise.detach().double()
-    m, S = _optimal_q(P, G, b, noise)
+    low = float(getattr(svgp.likelihood._pyro_params.get("noise", (None,))[0], "lower_bound", 0.0) or 0.0)
+    low = low * (1 + 1e-9) + torch.finfo(torch.float64).tiny  # the constraint's support, e.g. greater_than(1e-4)
+    m, S = _optimum(P, G, b, noise)
     steps = 0
-    while lik is not None and steps < max_iter:
-        resid = s - 2 * (m * b).sum(-1) + (m * (G @ m.unsqueeze(-1)).squeeze(-1)).sum(-1) + (G * S).sum((-2, -1))
-        new = ((resid + t).sum() / count).clamp(min=torch.finfo(torch.float64).tiny)
+    while lik is not None and steps < max_iter:  # the noise's objective given q is unimodal: clamping is its optimum
+        new = ((_expected_residual(G, b, s, m, S) + t).sum() / count).clamp(min=low)
         steps += 1
         change = float((new - noise).abs() / noise)
         noise = new
-        m, S = _optimal_q(P, G, b, noise)
+        m, S = _optimum(P, G, b, noise)
         if change < tol:
             break
-    dtype = svgp.q_u.u_loc.dtype
-    svgp.q_u.set(m.to(dtype), torch.linalg.cholesky(S).to(dtype))
+    i = 0
+    for q, Si in zip(_families(svgp), S, strict=True):
+        k = Si.shape[-1]
+        dtype = q.u_loc.dtype
+        q.set(m[..., i: i + k].to(dtype), torch.linalg.cholesky(Si).to(dtype))
+        i += k
     if lik is not None:
         _set_constrained(lik, "noise", lik.noise_unconstrained, noise.to(lik.noise_unconstrained.dtype))
     return steps

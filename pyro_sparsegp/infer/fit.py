@@ -121,22 +121,23 @@ def _natgrad(module, natgrad_lr, elbo, num_steps, batch_fraction, options: dict)
     return _positive("natgrad_lr", natgrad_lr, allow_none=True, high=1), plan
 
 
-def _finish(module, finish, elbo, natgrad_lr, loader, average, num_steps) -> bool:
+def _finish(module, finish, elbo, natgrad_lr, loader, average, num_steps, epochs) -> bool:
     """Whether fit ends with :func:`~pyro_sparsegp.infer.exact_finish.exact_finish_`: ``"exact"`` (where it
-    applies, else a ``ValueError``), ``None``, or ``"auto"``: exact for an SVGP with a Gaussian likelihood trained by
-    natural gradients on the closed-form bound from ``X, y`` or a ``dataset`` (not a loader, which may be endless),
-    without ``average``. No tensors, so shapes do not apply."""
+    applies, else a ``ValueError``), ``None``, or ``"auto"``: exact for an SVGP or SOLVE-GP with a Gaussian
+    likelihood trained by natural gradients on the closed-form bound from ``X, y`` or a ``dataset`` (not a loader,
+    which may be endless), without ``average``, in a run of at least one epoch (``epochs`` = steps x global batch /
+    N; the pass then costs at most the forward passes of the training). No tensors, so shapes do not apply."""
     if finish not in ("auto", "exact", None):
         raise ValueError(f'finish must be "auto", "exact" or None, got {finish!r}')
     if finish == "exact":
         if not supports_exact_finish(module):
-            raise ValueError('finish="exact" needs an SVGP with a Gaussian likelihood, a full-covariance q(u) and no '
-                             f"mean function; {type(module).__name__} is not one")
+            raise ValueError('finish="exact" needs an SVGP or SOLVEGP with a Gaussian likelihood, full-covariance '
+                             f"families and no mean function; {type(module).__name__} is not one")
         if average is not None:
             raise ValueError('average and finish="exact" both set q(u) and the noise at the end: choose one')
         return True
-    return (finish == "auto" and num_steps > 0 and supports_exact_finish(module) and elbo == "analytic"
-            and natgrad_lr is not None and loader is None and average is None)
+    return (finish == "auto" and num_steps > 0 and epochs >= 1 and supports_exact_finish(module)
+            and elbo == "analytic" and natgrad_lr is not None and loader is None and average is None)
 
 
 def _check_files(checkpoint, checkpoint_every, resume, num_steps):
@@ -209,7 +210,8 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
     fraction = batch / num_data if batch else None
     natgrad_lr, plan = _natgrad(module, natgrad_lr, elbo, num_steps, fraction, natgrad_options)
     elbo = _default_elbo(module) if elbo is None else elbo
-    finish = _finish(module, finish, elbo, natgrad_lr, loader, natgrad_options["average"], num_steps)
+    epochs = num_steps * batch_size * _dist()[1] / num_data if loader is None else 0.0
+    finish = _finish(module, finish, elbo, natgrad_lr, loader, natgrad_options["average"], num_steps, epochs)
     if elbo != "analytic" and not hasattr(elbo, "differentiable_loss"):
         raise TypeError('elbo must be a Pyro ELBO with differentiable_loss, or "analytic"')
     if elbo == "analytic" and not hasattr(module, "analytic_elbo"):
@@ -301,7 +303,7 @@ def fit(
     * ``average``: the Polyak-Ruppert average over the last fraction ``average`` of the steps;
     * ``finish``: ``"exact"`` ends with q(u) and the Gaussian noise at their optimum on all the data (one pass;
       :mod:`~pyro_sparsegp.infer.exact_finish`), ``None`` keeps the last iterate; ``"auto"``: exact for an SVGP
-      with a Gaussian likelihood, natural gradients and ``X, y`` or ``dataset``;
+      or SOLVE-GP with a Gaussian likelihood, natural gradients and ``X, y`` or ``dataset``;
     * ``checkpoint``, ``checkpoint_every``, ``resume``: checkpoints from which a run resumes identically.
 
     :raises NonFiniteLossError: on a numerical failure, after restoring the last good parameters; it names the step.

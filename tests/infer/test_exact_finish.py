@@ -2,9 +2,12 @@
 the end of training, checked against the collapsed bound of Titsias (2009) computed densely and maximised over the
 noise on a grid; the ``finish`` argument's policy and errors; checkpoints keep the loop's state to resume from."""
 
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
+from pyro.nn import PyroParam, PyroSample
+from torch.distributions import constraints
 from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_sparsegp as ps
@@ -56,6 +59,33 @@ def test_the_finish_lands_on_the_collapsed_bound_optimum(whiten, L):
     assert gp.analytic_elbo(X, y).item() == pytest.approx(best, abs=1e-4)
 
 
+@pytest.mark.float64
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("kind", ["svgp", "solvegp", "solvegp2"])
+def test_the_finish_is_a_stationary_point_of_the_layers_own_bound(kind, whiten):
+    """The gradient of the module's closed-form bound on all the data (its own code, not the finish's formulas) with
+    respect to every variational parameter and the noise vanishes at the finish: SOLVE-GP's joint mean and
+    per-family covariances (eq. 8 of Shi, Titsias, Mnih 2020), and two outputs sharing the noise (``solvegp2``)."""
+    L = 2 if kind == "solvegp2" else None
+    X, y = _data(N=150, L=L)
+    if kind == "svgp":
+        gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.5), whiten=whiten)
+    else:
+        gp = ps.SOLVEGP(RBF(2), X[:6].clone(), X[6:14].clone(), ps.Gaussian(noise=0.5), whiten=whiten,
+                        num_outputs=L)
+    exact_finish_(gp, [(X[:64], y[:64]), (X[64:], y[64:])])
+    named = [(n, p) for n, p in gp.named_parameters() if "q_" in n or "noise" in n]
+    assert len(named) == (3 if kind == "svgp" else 5)
+    params = [p for _, p in named]
+    grads = torch.autograd.grad(gp.analytic_elbo(X, y), params)
+    for (name, _), g in zip(named, grads, strict=True):
+        assert g.abs().max() < 1e-6 * len(X), (name, g.abs().max())
+    # and the check can fail: one minibatch step away from the finish, the gradient is far from zero
+    fit(gp, X, y, num_steps=1, batch_size=20, progress=False, finish=None, lr=1e-9)
+    grads = torch.autograd.grad(gp.analytic_elbo(X, y), params)
+    assert max(g.abs().max() for g in grads) > 1e-3
+
+
 def test_a_fixed_noise_keeps_its_value_and_q_u_is_the_optimum_at_it():
     X, y = _data()
     gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.3))
@@ -71,6 +101,16 @@ def test_a_fixed_noise_keeps_its_value_and_q_u_is_the_optimum_at_it():
     tol = 1e-5 if torch.get_default_dtype() == torch.float64 else 2e-3
     torch.testing.assert_close(gp.q_u.u_loc.detach(), m, atol=tol, rtol=0)
     torch.testing.assert_close(gp.q_u.u_scale_tril @ gp.q_u.u_scale_tril.mT, S, atol=tol, rtol=0)
+
+
+def test_a_noise_constraint_is_kept():
+    """A user's noise floor (``greater_than``) above the unconstrained optimum: the finish stops at the floor."""
+    X, y = _data()
+    y = torch.sin(X.sum(-1))  # noiseless: the optimum is far below the floor
+    gp = ps.SVGP(RBF(2), X[:30].clone(), ps.Gaussian(noise=0.3))
+    gp.likelihood.noise = PyroParam(torch.tensor(0.3), constraints.greater_than(0.05))
+    exact_finish_(gp, [(X, y)])
+    assert 0.05 < gp.likelihood.noise.item() < 0.0501 and torch.isfinite(gp.likelihood.noise_unconstrained)
 
 
 def test_a_partial_pass_is_scaled_to_num_data():
@@ -91,7 +131,7 @@ def test_fit_finishes_exactly_by_default_and_the_full_data_bound_rises():
     def run(**kw):
         torch.manual_seed(0)
         gp = ps.SVGP(RBF(2), X[:15].clone(), ps.Gaussian(noise=0.5))
-        fit(gp, X, y, num_steps=40, batch_size=50, progress=False, **kw)
+        fit(gp, X, y, **{"num_steps": 40, "batch_size": 50, "progress": False, **kw})
         return gp
 
     last, finished = run(finish=None), run()
@@ -105,6 +145,9 @@ def test_fit_finishes_exactly_by_default_and_the_full_data_bound_rises():
     for a, b in zip(finished.parameters(), again, strict=True):
         torch.testing.assert_close(a.detach(), b, rtol=1e-5, atol=1e-6)
     assert torch.equal(run(finish=None, natgrad_lr=None).q_u.u_loc, run(natgrad_lr=None).q_u.u_loc)  # Adam: off
+    # under one epoch (5 x 50 of 600 rows) the pass would cost more than the training: "auto" leaves it out
+    assert torch.equal(run(finish=None, num_steps=5).q_u.u_loc, run(num_steps=5).q_u.u_loc)
+    assert not torch.equal(run(finish="exact", num_steps=5).q_u.u_loc, run(num_steps=5).q_u.u_loc)
 
 
 def test_finish_is_off_for_a_loader_and_on_when_asked():
@@ -130,11 +173,15 @@ def test_finish_refuses_what_it_cannot_do():
         fit(gp, X, y, num_steps=1, progress=False, finish="yes")
     with pytest.raises(ValueError, match="choose one"):
         fit(gp, X, y, num_steps=1, progress=False, finish="exact", average=0.5)
-    solve = ps.SOLVEGP(RBF(2), X[:5].clone(), X[5:10].clone(), ps.Gaussian(noise=0.5))
+    odvgp = ps.SOLVEGP(RBF(2), X[:5].clone(), X[5:10].clone(), ps.Gaussian(noise=0.5), odvgp=True)
     with pytest.raises(ValueError, match="needs an SVGP"):
-        fit(solve, X, y, num_steps=1, progress=False, finish="exact")
+        fit(odvgp, X, y, num_steps=1, progress=False, finish="exact")
+    hyper = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(noise=0.5))
+    hyper.kernel.lengthscale = PyroSample(dist.LogNormal(0.0, 1.0))
+    with pytest.raises(ValueError, match="RBF.lengthscale is a PyroSample"):
+        ps.infer.exact_finish_(hyper, [(X, y)])
     clf = ps.SVGP(RBF(2), X[:5].clone(), ps.Bernoulli())
-    with pytest.raises(TypeError, match="needs an SVGP"):
+    with pytest.raises(TypeError, match="needs an SVGP or SOLVEGP"):
         exact_finish_(clf, [(X, (y > 0).to(X.dtype))])
 
 
