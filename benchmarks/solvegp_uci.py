@@ -20,7 +20,7 @@ over splits, beside the paper's numbers (table 2 / table 6; table 7 for elevator
 
     python benchmarks/solvegp_uci.py [--quick] [--json PATH] [--datasets kin40k,elevators] [--splits 5]
                                      [--epochs 100] [--M 1024] [--max-train N] [--estimate] [--threads 1]
-                                     [--objective analytic|sampled] [--split-offset K]
+                                     [--objective analytic|sampled] [--split-offset K] [--finish auto|none]
     python benchmarks/solvegp_uci.py --summarize a.json,b.json [--json PATH]
 
 ``--split-offset K`` runs the splits ``K .. K + S - 1`` (so that several processes can share the work);
@@ -163,6 +163,8 @@ def main():
     p.add_argument("--summarize", default=None, help="comma-separated JSON files of earlier runs: print their summary")
     p.add_argument("--estimate", action="store_true", help="time a few steps per model, print projected times, exit")
     p.add_argument("--models", default=None, help=f"comma-separated, from {','.join(KINDS)} (default: all)")
+    p.add_argument("--finish", choices=["auto", "none"], default="auto", help="fit's exact finish of q(u), q(v⊥) "
+                   "and the noise (auto: on for SVGP and SOLVE-GP; none: the last minibatch iterate)")
     p.add_argument("--timing", action="store_true", help="time ODVGP steps at M2 = 4M, 8M, 16M (J = M), exit")
     args = p.parse_args()
     setup(args)
@@ -236,14 +238,15 @@ def main():
                 pyro.set_rng_seed(s)
                 gp = build(kind, X, M, perm)
                 t0 = time.perf_counter()
-                fit(gp, X, y, num_steps=steps, batch_size=1024, lr=0.01, progress=False, seed=s, elbo=elbo)
+                fit(gp, X, y, num_steps=steps, batch_size=1024, lr=0.01, progress=False, seed=s, elbo=elbo,
+                    finish=None if args.finish == "none" else "auto")
                 secs = time.perf_counter() - t0
                 ll, rmse = evaluate(gp, Xt, yt)
                 M2 = {"svgp_M": 0, "svgp_2M": 0, "odvgp_M+8M": 8 * M}.get(kind, M)
                 rows.append({"dataset": name, "model": kind, "M": M, "M2": M2, "J": M if kind == "odvgp_M+8M" else M2,
                              "num_inducing": {"svgp_M": M, "svgp_2M": 2 * M}.get(kind, M + M2), "split": s,
                              "splits": splits, "epochs": epochs, "steps": steps, "batch": 1024, "N_train": len(X),
-                             "N_test": len(Xt), "reduced": reduced, "objective": args.objective, "test_ll": ll,
+                             "N_test": len(Xt), "reduced": reduced, "objective": args.objective, "finish": args.finish, "test_ll": ll,
                              "rmse": rmse, "train_s": secs,
                              "s_per_epoch": secs / epochs, "noise": gp.likelihood.noise.item()})
                 print(table([rows[-1]], ["dataset", "model", "M", "split", "epochs", "N_train", "test_ll", "rmse",
