@@ -48,7 +48,8 @@ __all__ = ["exact_finish_", "supports_exact_finish"]
 
 
 def _families(module) -> list:
-    """The Gaussian families the finish sets: ``[q_u]`` (SVGP), ``[q_u, q_v]`` (SOLVE-GP), or ``[]`` if none."""
+    """The Gaussian families the finish sets: ``[q_u]`` (SVGP), ``[q_u, q_v]`` (SOLVE-GP), or ``[]`` if none, or if
+    one is frozen (``requires_grad_(False)``) or has no covariance of its own (ODVGP's q(v⊥))."""
     from ..layers import SOLVEGP, SVGP
     from ..layers.solvegp import OrthogonalInputs
 
@@ -58,12 +59,14 @@ def _families(module) -> list:
         fams = [module.q_u]
     else:
         return []
-    return fams if all(getattr(q, "learn_scale", False) for q in fams) else []
+    trainable = all(getattr(q, "learn_scale", False) and all(p.requires_grad for p in q.parameters()) for q in fams)
+    return fams if trainable else []  # a family frozen with requires_grad_(False) is the user's to keep
 
 
 def supports_exact_finish(module) -> bool:
     """Whether :func:`exact_finish_` applies to ``module``: an :class:`~pyro_sparsegp.SVGP` or a
-    :class:`~pyro_sparsegp.SOLVEGP` (not its ODVGP restriction, whose q(v⊥) has no covariance of its own) with a
+    :class:`~pyro_sparsegp.SOLVEGP` (not its ODVGP restriction, whose q(v⊥) has no covariance of its own; no family
+    frozen with ``requires_grad_(False)``, which the finish would overwrite) with a
     :class:`~pyro_sparsegp.Gaussian` likelihood and no mean function, the layers whose bound is conjugate in q(u)
     (Titsias 2009; Hensman, Fusi, Lawrence 2013, section 3.2; Shi, Titsias, Mnih 2020, eqs. 28-29), with fixed
     hyperparameters (no ``PyroSample``: reading one outside a trace would draw it from its prior). No tensors, so
@@ -199,7 +202,8 @@ def exact_finish_(svgp, batches, num_data: int | None = None, max_iter: int = 50
     lik = noise_natgrad_likelihood(svgp)
     noise = svgp.likelihood.noise.detach().double()
     low = float(getattr(svgp.likelihood._pyro_params.get("noise", (None,))[0], "lower_bound", 0.0) or 0.0)
-    low = low * (1 + 1e-9) + torch.finfo(torch.float64).tiny  # the constraint's support, e.g. greater_than(1e-4)
+    info = torch.finfo(svgp.likelihood.noise.dtype)  # inside the constraint's support (greater_than(1e-4)) once cast
+    low = low * (1 + 8 * info.eps) + info.tiny
     m, S = _optimum(P, G, b, noise)
     steps = 0
     while lik is not None and steps < max_iter:  # the noise's objective given q is unimodal: clamping is its optimum

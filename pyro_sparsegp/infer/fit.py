@@ -132,7 +132,7 @@ def _finish(module, finish, elbo, natgrad_lr, loader, average, num_steps, epochs
     if finish == "exact":
         if not supports_exact_finish(module):
             raise ValueError('finish="exact" needs an SVGP or SOLVEGP with a Gaussian likelihood, full-covariance '
-                             f"families and no mean function; {type(module).__name__} is not one")
+                             f"families (none frozen) and no mean function; {type(module).__name__} is not one")
         if average is not None:
             raise ValueError('average and finish="exact" both set q(u) and the noise at the end: choose one')
         return True

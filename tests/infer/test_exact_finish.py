@@ -150,6 +150,19 @@ def test_fit_finishes_exactly_by_default_and_the_full_data_bound_rises():
     assert not torch.equal(run(finish="exact", num_steps=5).q_u.u_loc, run(num_steps=5).q_u.u_loc)
 
 
+def test_a_frozen_q_u_is_left_alone():
+    """A user's ``q_u.requires_grad_(False)`` keeps q(u) through fit (the finish would overwrite it)."""
+    X, y = _data(N=300)
+    gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.5))
+    gp.q_u.requires_grad_(False)
+    before = [p.detach().clone() for p in gp.q_u.parameters()]
+    fit(gp, X, y, num_steps=20, batch_size=100, progress=False)
+    for a, b in zip(gp.q_u.parameters(), before, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="none frozen"):
+        fit(gp, X, y, num_steps=1, progress=False, finish="exact")
+
+
 def test_finish_is_off_for_a_loader_and_on_when_asked():
     X, y = _data(N=300)
     loader = DataLoader(TensorDataset(X, y), batch_size=50, shuffle=False)
