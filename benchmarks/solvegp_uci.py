@@ -246,8 +246,8 @@ def main():
                 rows.append({"dataset": name, "model": kind, "M": M, "M2": M2, "J": M if kind == "odvgp_M+8M" else M2,
                              "num_inducing": {"svgp_M": M, "svgp_2M": 2 * M}.get(kind, M + M2), "split": s,
                              "splits": splits, "epochs": epochs, "steps": steps, "batch": 1024, "N_train": len(X),
-                             "N_test": len(Xt), "reduced": reduced, "objective": args.objective, "finish": args.finish, "test_ll": ll,
-                             "rmse": rmse, "train_s": secs,
+                             "N_test": len(Xt), "reduced": reduced, "objective": args.objective, "finish": args.finish,
+                             "test_ll": ll, "rmse": rmse, "train_s": secs,
                              "s_per_epoch": secs / epochs, "noise": gp.likelihood.noise.item()})
                 print(table([rows[-1]], ["dataset", "model", "M", "split", "epochs", "N_train", "test_ll", "rmse",
                                          "train_s", "s_per_epoch", "noise"]), flush=True)
