@@ -119,6 +119,8 @@ def _statistics(layer, batches):
 
 
 def _reduce_over_ranks(tensors, n):
+    """``(tensors summed over the ranks of an initialised process group, n summed)``; unchanged without one. Any
+    shapes (float64); one ``all_reduce`` of their concatenation."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return tensors, n
     flat = torch.cat([x.reshape(-1) for x in tensors] + [torch.tensor([float(n)], dtype=torch.float64,
@@ -147,15 +149,20 @@ def _optimum(P, G, b, noise):
     """The optimal ``(m [..., K], [S_i [..., M_i, M_i]])`` for the noise variance ``noise`` (float64): the joint mean
     of the stacked families (the bound is quadratic in it), each family's own covariance (q factorises over
     families: SOLVE-GP's q(u) q(v⊥))."""
-    sizes = [p.shape[-1] for p in P]
-    prec = G / noise
-    blocks, i = [], 0
-    for p, k in zip(P, sizes, strict=True):
+    prec, i = G / noise, 0
+    for p in P:
+        k = p.shape[-1]
         prec[..., i: i + k, i: i + k] += p
-        blocks.append(torch.cholesky_inverse(torch.linalg.cholesky(prec[..., i: i + k, i: i + k])))
         i += k
     Lp = torch.linalg.cholesky(0.5 * (prec + prec.mT))
     m = torch.cholesky_solve((b / noise).unsqueeze(-1), Lp).squeeze(-1)
+    if len(P) == 1:  # one family: its covariance is the joint one
+        return m, [torch.cholesky_inverse(Lp)]
+    blocks, i = [], 0
+    for p in P:
+        k = p.shape[-1]
+        blocks.append(torch.cholesky_inverse(torch.linalg.cholesky(prec[..., i: i + k, i: i + k])))
+        i += k
     return m, blocks
 
 
