@@ -192,6 +192,9 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
     touched) and completed with their defaults."""
     num_steps = _int("num_steps", num_steps, 0)
     finish = natgrad_options.pop("finish")
+    if not torch.is_grad_enabled():  # else the first backward fails with "element 0 of tensors does not require grad"
+        raise RuntimeError("fit needs gradients and was called with them disabled (inside torch.no_grad() or "
+                           "torch.inference_mode()): call it outside that block")
     if loader is not None and batch_size is not None:
         raise ValueError("batch_size applies to X, y and dataset=...; a loader's batches are its own (set batch_size "
                          "on the DataLoader)")

@@ -347,3 +347,10 @@ def test_the_fit_loop_keeps_to_the_house_rules():
                 if ast.get_docstring(node) is not None:
                     lines -= node.body[0].end_lineno - node.body[0].lineno + 1
                 assert lines <= (200 if isinstance(node, ast.ClassDef) else 80), (name, node.name, lines)
+
+
+def test_fit_inside_no_grad_says_so():
+    X, y = _data()
+    gp = _gp()
+    with torch.no_grad(), pytest.raises(RuntimeError, match="inside torch.no_grad"):
+        fit(gp, X, y, num_steps=2, progress=False)
