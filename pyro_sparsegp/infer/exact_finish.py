@@ -44,35 +44,51 @@ from .natgrad.closed_forms import _targets
 from .natgrad.families import noise_natgrad_likelihood
 from .natgrad.from_grads import _set_constrained
 
-__all__ = ["exact_finish_", "supports_exact_finish"]
+__all__ = ["exact_finish_", "supports_exact_finish", "why_not_exact_finish"]
 
 
 def _families(module) -> list:
-    """The Gaussian families the finish sets: ``[q_u]`` (SVGP), ``[q_u, q_v]`` (SOLVE-GP), or ``[]`` if none, or if
-    one is frozen (``requires_grad_(False)``) or has no covariance of its own (ODVGP's q(v⊥))."""
+    """The Gaussian families the finish sets: ``[q_u]`` (SVGP), ``[q_u, q_v]`` (SOLVE-GP, ODVGP), ``[]`` otherwise."""
     from ..layers import SOLVEGP, SVGP
     from ..layers.solvegp import OrthogonalInputs
 
     if isinstance(module, SOLVEGP):
-        fams = [module.q_u, module.q_v]
-    elif isinstance(module, SVGP) and not isinstance(module, OrthogonalInputs):
-        fams = [module.q_u]
-    else:
-        return []
-    trainable = all(getattr(q, "learn_scale", False) and all(p.requires_grad for p in q.parameters()) for q in fams)
-    return fams if trainable else []  # a family frozen with requires_grad_(False) is the user's to keep
+        return [module.q_u, module.q_v]
+    if isinstance(module, SVGP) and not isinstance(module, OrthogonalInputs):
+        return [module.q_u]
+    return []
+
+
+def why_not_exact_finish(module) -> str | None:
+    """``None`` if :func:`exact_finish_` applies to ``module``, else the first condition it fails, as a phrase for an
+    error message. It applies to an :class:`~pyro_sparsegp.SVGP` or a :class:`~pyro_sparsegp.SOLVEGP`, the layers
+    whose bound is conjugate in q(u) (Titsias 2009; Hensman, Fusi, Lawrence 2013, section 3.2; Shi, Titsias, Mnih
+    2020, eqs. 28-29), with a :class:`~pyro_sparsegp.Gaussian` likelihood, no mean function, full-covariance families
+    (not SOLVE-GP's ODVGP restriction, whose q(v⊥) is the prior's), none frozen with ``requires_grad_(False)`` (the
+    finish would overwrite it), and fixed hyperparameters (no ``PyroSample``: read outside a trace it would be a draw
+    from its prior). No tensors, so shapes do not apply."""
+    name = type(module).__name__
+    fams = _families(module)
+    if not fams:
+        return f"{name} is not an SVGP or a SOLVEGP (ODVGP, DeepGP and convolutional layers are not conjugate in q(u))"
+    if not isinstance(module.likelihood, Gaussian):
+        return f"its likelihood is {type(module.likelihood).__name__}, not Gaussian (only then is q(u)'s optimum exact)"
+    if getattr(module, "mean_function", None) is not None:
+        return "it has a mean function"
+    if not all(getattr(q, "learn_scale", False) for q in fams):
+        return "its q(v⊥) has the prior's covariance (SOLVEGP(odvgp=True)), not one of its own"
+    if not all(p.requires_grad for q in fams for p in q.parameters()):
+        return "a variational family is frozen (requires_grad_(False)); the finish would overwrite it"
+    if sampled := sampled_attributes(module, names=False):
+        where = ", ".join(f"{type(sub).__name__}.{attr}" for sub, attr, _ in sampled)
+        return f"{where} is a PyroSample (a hyperprior): read outside a trace it would be a draw from its prior"
+    return None
 
 
 def supports_exact_finish(module) -> bool:
-    """Whether :func:`exact_finish_` applies to ``module``: an :class:`~pyro_sparsegp.SVGP` or a
-    :class:`~pyro_sparsegp.SOLVEGP` (not its ODVGP restriction, whose q(v⊥) has no covariance of its own; no family
-    frozen with ``requires_grad_(False)``, which the finish would overwrite) with a
-    :class:`~pyro_sparsegp.Gaussian` likelihood and no mean function, the layers whose bound is conjugate in q(u)
-    (Titsias 2009; Hensman, Fusi, Lawrence 2013, section 3.2; Shi, Titsias, Mnih 2020, eqs. 28-29), with fixed
-    hyperparameters (no ``PyroSample``: reading one outside a trace would draw it from its prior). No tensors, so
-    shapes do not apply."""
-    return (bool(_families(module)) and isinstance(module.likelihood, Gaussian)
-            and getattr(module, "mean_function", None) is None and not sampled_attributes(module, names=False))
+    """Whether :func:`exact_finish_` applies to ``module`` (:func:`why_not_exact_finish` is ``None``). No tensors,
+    so shapes do not apply."""
+    return why_not_exact_finish(module) is None
 
 
 def _features(layer, X):
@@ -184,7 +200,8 @@ def exact_finish_(svgp, batches, num_data: int | None = None, max_iter: int = 50
     in place. Under an initialised ``torch.distributed`` process group each rank passes its own share of
     the data and the statistics are summed over ranks.
 
-    :param svgp: a module for which :func:`supports_exact_finish` holds.
+    :param svgp: a module for which :func:`supports_exact_finish` holds (else a ``ValueError`` names the condition
+        it fails, :func:`why_not_exact_finish`).
     :param batches: an iterable of ``(X [B, D], y [B] or [B, L])`` covering the data once.
     :param num_data: the data set's size ``N`` if ``batches`` cover only part of it (a loader that drops its last
         batch): the statistics are scaled by ``N / n``, as the minibatch bound is. Default: the rows seen.
@@ -192,14 +209,8 @@ def exact_finish_(svgp, batches, num_data: int | None = None, max_iter: int = 50
     :param tol: stop when the noise's relative change is below ``tol``.
     :returns: the number of alternations taken (0 for a fixed noise: q(u) alone is set, once).
     """
-    if sampled := sampled_attributes(svgp, names=False):
-        where = ", ".join(f"{type(sub).__name__}.{attr}" for sub, attr, _ in sampled)
-        raise ValueError(f"exact_finish_ needs fixed hyperparameters, and {where} is a PyroSample (a hyperprior): "
-                         "read outside a trace it would be a draw from its prior")
-    if not supports_exact_finish(svgp):
-        raise TypeError(f"exact_finish_ needs an SVGP or SOLVEGP with a Gaussian likelihood, full-covariance "
-                        f"families and no mean function, got {type(svgp).__name__} with "
-                        f"{type(getattr(svgp, 'likelihood', None)).__name__}")
+    if (reason := why_not_exact_finish(svgp)) is not None:
+        raise ValueError(f"exact_finish_ cannot finish this module: {reason}")
     G, b, s, t, n, chols = _statistics(svgp, batches)
     (G, b, s, t), n = _reduce_over_ranks([G, b, s, t], n)
     scale = 1.0 if num_data is None else num_data / n

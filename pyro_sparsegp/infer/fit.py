@@ -51,7 +51,7 @@ from .checkpoint import (  # noqa: F401
     save_checkpoint,
 )
 from .distributed import _average, _dist, broadcast_parameters, check_same_data  # noqa: F401
-from .exact_finish import exact_finish_, supports_exact_finish
+from .exact_finish import exact_finish_, supports_exact_finish, why_not_exact_finish
 from .guard import (  # noqa: F401
     _MAX_JITTER_TRIES,
     _NUMERICAL,
@@ -130,9 +130,8 @@ def _finish(module, finish, elbo, natgrad_lr, loader, average, num_steps, epochs
     if finish not in ("auto", "exact", None):
         raise ValueError(f'finish must be "auto", "exact" or None, got {finish!r}')
     if finish == "exact":
-        if not supports_exact_finish(module):
-            raise ValueError('finish="exact" needs an SVGP or SOLVEGP with a Gaussian likelihood, full-covariance '
-                             f"families (none frozen) and no mean function; {type(module).__name__} is not one")
+        if (reason := why_not_exact_finish(module)) is not None:
+            raise ValueError(f'finish="exact" cannot finish this module: {reason}')
         if average is not None:
             raise ValueError('average and finish="exact" both set q(u) and the noise at the end: choose one')
         return True
@@ -357,13 +356,23 @@ def _end_of_run(module, a, source, trainer, state, checkpoint, run_key, show) ->
 
 def _exact_finish(module, source: BatchSource, num_data: int, show: bool) -> None:
     """fit's last pass (:func:`~pyro_sparsegp.infer.exact_finish.exact_finish_`), with a line on ``stderr`` where
-    progress is shown (a pass over a large data set takes a while after the bar's 100%)."""
-    start = time.perf_counter()
-    exact_finish_(module, source.one_pass(), num_data=num_data)
+    progress is shown (a pass over a large data set takes a while after the bar's 100%): the rows it saw, which for
+    a loader (a ``drop_last`` one, or a shard per rank) may be fewer than ``num_data``, scaled up to it."""
+    start, rows = time.perf_counter(), [0]
+
+    def counted(batches):
+        for Xb, yb in batches:
+            rows[0] += Xb.shape[0]
+            yield Xb, yb
+
+    exact_finish_(module, counted(source.one_pass()), num_data=num_data)
     if show:
-        noise = module.likelihood.noise.detach()
-        print(f"fit: exact finish of q(u) and the noise on all {num_data} points ({time.perf_counter() - start:.1f} "
-              f"s): noise {float(noise):.4g}", file=sys.stderr, flush=True)
+        rank = " on this rank" if source.world_size > 1 else ""  # X, y or a dataset: the ranks' blocks cover N
+        seen = (f"on all {num_data} points" if source.loader is None or rows[0] == num_data else
+                f"on the {rows[0]} rows of one pass of the loader{rank}, scaled to num_data = {num_data}")
+        noise = float(module.likelihood.noise.detach())
+        print(f"fit: exact finish of q(u) and the noise {seen} ({time.perf_counter() - start:.1f} s): noise "
+              f"{noise:.4g}", file=sys.stderr, flush=True)
 
 
 def _initial_state(module, trainer, resume, expect, seed):

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import pyro_sparsegp as ps
 from pyro_sparsegp.infer import fit
 from pyro_sparsegp.infer.exact_finish import exact_finish_
+from pyro_sparsegp.mean_functions import Constant
 
 
 def _data(N=200, D=2, L=None):
@@ -159,7 +160,7 @@ def test_a_frozen_q_u_is_left_alone():
     fit(gp, X, y, num_steps=20, batch_size=100, progress=False)
     for a, b in zip(gp.q_u.parameters(), before, strict=True):
         assert torch.equal(a, b)
-    with pytest.raises(ValueError, match="none frozen"):
+    with pytest.raises(ValueError, match="a variational family is frozen"):
         fit(gp, X, y, num_steps=1, progress=False, finish="exact")
 
 
@@ -179,6 +180,15 @@ def test_finish_is_off_for_a_loader_and_on_when_asked():
         assert asked.analytic_elbo(X, y) > last.analytic_elbo(X, y)
 
 
+def test_a_drop_last_loader_is_named_in_the_finish_line(capsys):
+    """The finish line says how many rows a loader gave (it stands for ``num_data``: the statistics are scaled)."""
+    X, y = _data(N=300)
+    gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.5))
+    loader = DataLoader(TensorDataset(X, y), batch_size=80, drop_last=True)
+    fit(gp, loader=loader, num_data=300, num_steps=4, finish="exact")
+    assert "on the 240 rows of one pass of the loader, scaled to num_data = 300" in capsys.readouterr().err
+
+
 def test_finish_refuses_what_it_cannot_do():
     X, y = _data(N=100)
     gp = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(noise=0.5))
@@ -187,14 +197,17 @@ def test_finish_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="choose one"):
         fit(gp, X, y, num_steps=1, progress=False, finish="exact", average=0.5)
     odvgp = ps.SOLVEGP(RBF(2), X[:5].clone(), X[5:10].clone(), ps.Gaussian(noise=0.5), odvgp=True)
-    with pytest.raises(ValueError, match="needs an SVGP"):
+    with pytest.raises(ValueError, match="the prior's covariance"):
         fit(odvgp, X, y, num_steps=1, progress=False, finish="exact")
     hyper = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(noise=0.5))
     hyper.kernel.lengthscale = PyroSample(dist.LogNormal(0.0, 1.0))
     with pytest.raises(ValueError, match="RBF.lengthscale is a PyroSample"):
         ps.infer.exact_finish_(hyper, [(X, y)])
+    with_mean = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(noise=0.5), mean_function=Constant())
+    with pytest.raises(ValueError, match="it has a mean function"):
+        fit(with_mean, X, y, num_steps=1, progress=False, finish="exact")
     clf = ps.SVGP(RBF(2), X[:5].clone(), ps.Bernoulli())
-    with pytest.raises(TypeError, match="needs an SVGP or SOLVEGP"):
+    with pytest.raises(ValueError, match="its likelihood is Bernoulli, not Gaussian"):
         exact_finish_(clf, [(X, (y > 0).to(X.dtype))])
 
 
