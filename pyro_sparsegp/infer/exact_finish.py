@@ -86,8 +86,8 @@ def why_not_exact_finish(module) -> str | None:
 
 
 def supports_exact_finish(module) -> bool:
-    """Whether :func:`exact_finish_` applies to ``module`` (:func:`why_not_exact_finish` is ``None``). No tensors,
-    so shapes do not apply."""
+    """Whether :func:`exact_finish_` applies to ``module`` (:func:`why_not_exact_finish` is ``None``: the conjugate
+    layers of Titsias 2009 and Shi, Titsias, Mnih 2020). No tensors, so shapes do not apply."""
     return why_not_exact_finish(module) is None
 
 
