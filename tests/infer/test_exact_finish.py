@@ -62,21 +62,24 @@ def test_the_finish_lands_on_the_collapsed_bound_optimum(whiten, L):
 
 @pytest.mark.float64
 @pytest.mark.parametrize("whiten", [True, False])
-@pytest.mark.parametrize("kind", ["svgp", "solvegp", "solvegp2"])
+@pytest.mark.parametrize("kind", ["svgp", "svgp_zl", "solvegp", "solvegp2"])
 def test_the_finish_is_a_stationary_point_of_the_layers_own_bound(kind, whiten):
     """The gradient of the module's closed-form bound on all the data (its own code, not the finish's formulas) with
     respect to every variational parameter and the noise vanishes at the finish: SOLVE-GP's joint mean and
-    per-family covariances (eq. 8 of Shi, Titsias, Mnih 2020), and two outputs sharing the noise (``solvegp2``)."""
-    L = 2 if kind == "solvegp2" else None
+    per-family covariances (eq. 8 of Shi, Titsias, Mnih 2020), and two outputs sharing the noise (``solvegp2``; and
+    ``svgp_zl`` with inducing inputs per output)."""
+    L = 2 if kind in ("solvegp2", "svgp_zl") else None
     X, y = _data(N=150, L=L)
     if kind == "svgp":
         gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.5), whiten=whiten)
+    elif kind == "svgp_zl":  # inducing inputs of its own per output, [L, M, D]
+        gp = ps.SVGP(RBF(2), torch.randn(2, 8, 2), ps.Gaussian(noise=0.5), whiten=whiten, num_outputs=2)
     else:
         gp = ps.SOLVEGP(RBF(2), X[:6].clone(), X[6:14].clone(), ps.Gaussian(noise=0.5), whiten=whiten,
                         num_outputs=L)
     exact_finish_(gp, [(X[:64], y[:64]), (X[64:], y[64:])])
     named = [(n, p) for n, p in gp.named_parameters() if "q_" in n or "noise" in n]
-    assert len(named) == (3 if kind == "svgp" else 5)
+    assert len(named) == (3 if kind.startswith("svgp") else 5)
     params = [p for _, p in named]
     grads = torch.autograd.grad(gp.analytic_elbo(X, y), params)
     for (name, _), g in zip(named, grads, strict=True):
