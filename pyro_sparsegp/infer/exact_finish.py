@@ -35,6 +35,9 @@ without gradients); the alternations :math:`O(M^3)` each, independent of :math:`
 
 from __future__ import annotations
 
+import sys
+import time
+
 import torch
 
 from ..composition import sampled_attributes
@@ -44,7 +47,7 @@ from .natgrad.closed_forms import _targets
 from .natgrad.families import noise_natgrad_likelihood
 from .natgrad.from_grads import _set_constrained
 
-__all__ = ["exact_finish_", "supports_exact_finish", "why_not_exact_finish"]
+__all__ = ["exact_finish_", "supports_exact_finish", "why_not_exact_finish", "resolve_finish", "finish_run"]
 
 
 def _families(module) -> list:
@@ -241,3 +244,43 @@ def exact_finish_(svgp, batches, num_data: int | None = None, max_iter: int = 50
     if lik is not None:
         _set_constrained(lik, "noise", lik.noise_unconstrained, noise.to(lik.noise_unconstrained.dtype))
     return steps
+
+
+def resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps, epochs) -> bool:
+    """Whether :func:`~pyro_sparsegp.infer.fit` ends with :func:`exact_finish_`: ``"exact"`` (where it
+    applies, else a ``ValueError``), ``None``, or ``"auto"``: exact for an SVGP or SOLVE-GP with a Gaussian
+    likelihood trained by natural gradients on the closed-form bound from ``X, y`` or a ``dataset`` (not a loader,
+    which may be endless), without ``average``, in a run of at least one epoch (``epochs`` = steps x global batch /
+    N; the pass then costs at most the forward passes of the training). No tensors, so shapes do not apply."""
+    if finish not in ("auto", "exact", None):
+        raise ValueError(f'finish must be "auto", "exact" or None, got {finish!r}')
+    if finish == "exact":
+        if (reason := why_not_exact_finish(module)) is not None:
+            raise ValueError(f'finish="exact" cannot finish this module: {reason}')
+        if average is not None:
+            raise ValueError('average and finish="exact" both set q(u) and the noise at the end: choose one')
+        return True
+    return (finish == "auto" and num_steps > 0 and epochs >= 1 and supports_exact_finish(module)
+            and elbo == "analytic" and natgrad_lr is not None and loader is None and average is None)
+
+
+def finish_run(module, source, num_data: int, show: bool) -> None:
+    """fit's last pass (:func:`exact_finish_` over ``source.one_pass()`` of a
+    :class:`~pyro_sparsegp.infer.batches.BatchSource`), with a line on ``stderr`` where
+    progress is shown (a pass over a large data set takes a while after the bar's 100%): the rows it saw, which for
+    a loader (a ``drop_last`` one, or a shard per rank) may be fewer than ``num_data``, scaled up to it."""
+    start, rows = time.perf_counter(), [0]
+
+    def counted(batches):
+        for Xb, yb in batches:
+            rows[0] += Xb.shape[0]
+            yield Xb, yb
+
+    exact_finish_(module, counted(source.one_pass()), num_data=num_data)
+    if show:
+        rank = " on this rank" if source.world_size > 1 else ""  # X, y or a dataset: the ranks' blocks cover N
+        seen = (f"on all {num_data} points" if source.loader is None or rows[0] == num_data else
+                f"on the {rows[0]} rows of one pass of the loader{rank}, scaled to num_data = {num_data}")
+        noise = float(module.likelihood.noise.detach())
+        print(f"fit: exact finish of q(u) and the noise {seen} ({time.perf_counter() - start:.1f} s): noise "
+              f"{noise:.4g}", file=sys.stderr, flush=True)

@@ -31,8 +31,6 @@ import collections
 import math
 import numbers
 import os
-import sys
-import time
 from dataclasses import dataclass
 
 import pyro
@@ -51,7 +49,7 @@ from .checkpoint import (  # noqa: F401
     save_checkpoint,
 )
 from .distributed import _average, _dist, broadcast_parameters, check_same_data  # noqa: F401
-from .exact_finish import exact_finish_, supports_exact_finish, why_not_exact_finish
+from .exact_finish import finish_run, resolve_finish
 from .guard import (  # noqa: F401
     _MAX_JITTER_TRIES,
     _NUMERICAL,
@@ -119,24 +117,6 @@ def _natgrad(module, natgrad_lr, elbo, num_steps, batch_fraction, options: dict)
     natgrad_lr, plan = resolve_natgrad(module, natgrad_lr, elbo, _default_elbo(module), num_steps=num_steps,
                                        batch_fraction=batch_fraction, **options)
     return _positive("natgrad_lr", natgrad_lr, allow_none=True, high=1), plan
-
-
-def _finish(module, finish, elbo, natgrad_lr, loader, average, num_steps, epochs) -> bool:
-    """Whether fit ends with :func:`~pyro_sparsegp.infer.exact_finish.exact_finish_`: ``"exact"`` (where it
-    applies, else a ``ValueError``), ``None``, or ``"auto"``: exact for an SVGP or SOLVE-GP with a Gaussian
-    likelihood trained by natural gradients on the closed-form bound from ``X, y`` or a ``dataset`` (not a loader,
-    which may be endless), without ``average``, in a run of at least one epoch (``epochs`` = steps x global batch /
-    N; the pass then costs at most the forward passes of the training). No tensors, so shapes do not apply."""
-    if finish not in ("auto", "exact", None):
-        raise ValueError(f'finish must be "auto", "exact" or None, got {finish!r}')
-    if finish == "exact":
-        if (reason := why_not_exact_finish(module)) is not None:
-            raise ValueError(f'finish="exact" cannot finish this module: {reason}')
-        if average is not None:
-            raise ValueError('average and finish="exact" both set q(u) and the noise at the end: choose one')
-        return True
-    return (finish == "auto" and num_steps > 0 and epochs >= 1 and supports_exact_finish(module)
-            and elbo == "analytic" and natgrad_lr is not None and loader is None and average is None)
 
 
 def _check_files(checkpoint, checkpoint_every, resume, num_steps):
@@ -213,7 +193,7 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
     natgrad_lr, plan = _natgrad(module, natgrad_lr, elbo, num_steps, fraction, natgrad_options)
     elbo = _default_elbo(module) if elbo is None else elbo
     epochs = num_steps * batch_size * _dist()[1] / num_data if loader is None else 0.0
-    finish = _finish(module, finish, elbo, natgrad_lr, loader, natgrad_options["average"], num_steps, epochs)
+    finish = resolve_finish(module, finish, elbo, natgrad_lr, loader, natgrad_options["average"], num_steps, epochs)
     if elbo != "analytic" and not hasattr(elbo, "differentiable_loss"):
         raise TypeError('elbo must be a Pyro ELBO with differentiable_loss, or "analytic"')
     if elbo == "analytic" and not hasattr(module, "analytic_elbo"):
@@ -348,31 +328,10 @@ def _end_of_run(module, a, source, trainer, state, checkpoint, run_key, show) ->
     loop_state = {k: v.detach().clone() for k, v in module.state_dict().items()} if checkpoint else None
     changed = a.plan.finish()
     if a.finish:  # q(u) and the noise at their optimum on all the data, given the hyperparameters
-        _exact_finish(module, source, a.num_data, show)
+        finish_run(module, source, a.num_data, show)
     if checkpoint:
         save_checkpoint(checkpoint, module, trainer.optimizer, state, run_key,
                         loop_state=loop_state if changed or a.finish else None)
-
-
-def _exact_finish(module, source: BatchSource, num_data: int, show: bool) -> None:
-    """fit's last pass (:func:`~pyro_sparsegp.infer.exact_finish.exact_finish_`), with a line on ``stderr`` where
-    progress is shown (a pass over a large data set takes a while after the bar's 100%): the rows it saw, which for
-    a loader (a ``drop_last`` one, or a shard per rank) may be fewer than ``num_data``, scaled up to it."""
-    start, rows = time.perf_counter(), [0]
-
-    def counted(batches):
-        for Xb, yb in batches:
-            rows[0] += Xb.shape[0]
-            yield Xb, yb
-
-    exact_finish_(module, counted(source.one_pass()), num_data=num_data)
-    if show:
-        rank = " on this rank" if source.world_size > 1 else ""  # X, y or a dataset: the ranks' blocks cover N
-        seen = (f"on all {num_data} points" if source.loader is None or rows[0] == num_data else
-                f"on the {rows[0]} rows of one pass of the loader{rank}, scaled to num_data = {num_data}")
-        noise = float(module.likelihood.noise.detach())
-        print(f"fit: exact finish of q(u) and the noise {seen} ({time.perf_counter() - start:.1f} s): noise "
-              f"{noise:.4g}", file=sys.stderr, flush=True)
 
 
 def _initial_state(module, trainer, resume, expect, seed):
