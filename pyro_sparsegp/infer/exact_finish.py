@@ -251,7 +251,8 @@ def resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps,
     applies, else a ``ValueError``), ``None``, or ``"auto"``: exact for an SVGP or SOLVE-GP with a Gaussian
     likelihood trained by natural gradients on the closed-form bound from ``X, y`` or a ``dataset`` (not a loader,
     which may be endless), without ``average``, in a run of at least one epoch (``epochs`` = steps x global batch /
-    N; the pass then costs at most the forward passes of the training). No tensors, so shapes do not apply."""
+    N; the pass then costs at most the forward passes of the training). The finish is the full-data natural step of
+    length 1 of Hensman, Fusi, Lawrence 2013, section 3.2. No tensors, so shapes do not apply."""
     if finish not in ("auto", "exact", None):
         raise ValueError(f'finish must be "auto", "exact" or None, got {finish!r}')
     if finish == "exact":
@@ -268,7 +269,8 @@ def finish_run(module, source, num_data: int, show: bool) -> None:
     """fit's last pass (:func:`exact_finish_` over ``source.one_pass()`` of a
     :class:`~pyro_sparsegp.infer.batches.BatchSource`), with a line on ``stderr`` where
     progress is shown (a pass over a large data set takes a while after the bar's 100%): the rows it saw, which for
-    a loader (a ``drop_last`` one, or a shard per rank) may be fewer than ``num_data``, scaled up to it."""
+    a loader (a ``drop_last`` one, or a shard per rank) may be fewer than ``num_data``, scaled up to it. The batches
+    are ``(X [B, D], y [B] or [B, L])``; nothing is returned (Titsias 2009's optimum is written into ``module``)."""
     start, rows = time.perf_counter(), [0]
 
     def counted(batches):
