@@ -17,6 +17,7 @@ most sets).
     python benchmarks/deepgp_uci.py                     # the full protocol (hours)
     python benchmarks/deepgp_uci.py --quick             # kin8nm split 0 and yacht splits 0-1, fewer steps
     python benchmarks/deepgp_uci.py --datasets kin8nm --splits 0 1 --steps 2000 --json out.json
+    python benchmarks/deepgp_uci.py --datasets kin8nm --models dgp2 dgp3 --splits 0 --steps 1000 --finish none
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def make(model: str, X: torch.Tensor, M: int, seed: int, whiten: bool = True):
 
 def _train(dgp, X, y, steps, seed, args):
     ps.infer.fit(dgp, X, y, num_steps=steps, batch_size=args.batch, lr=args.lr, elbo="analytic",
-                 natgrad_lr=None if args.adam_only else "auto", seed=seed, progress=False)
+                 natgrad_lr=None if args.adam_only else "auto", seed=seed, progress=False,
+                 finish=None if getattr(args, "finish", "auto") == "none" else "auto")
 
 
 def _evaluate(dgp, Xt, yt, ystd, args):
@@ -99,7 +101,7 @@ def run_one(name, split, model, args):
         train_elbo = training_bound(dgp, X, y)
     test_ll, rmse = _evaluate(dgp, Xt, yt, ystd, args)
     row = {"dataset": name, "model": model, "split": split, "test_ll": test_ll, "rmse": rmse, "train_s": train_s,
-           "train_elbo": train_elbo}
+           "train_elbo": train_elbo, "finish": getattr(args, "finish", "auto")}
     if args.lift and all(isinstance(layer, ps.SOLVEGP) for layer in dgp.layers):
         row.update(lift(dgp, X, y, (Xt, yt, ystd), split, args))
     return row
@@ -220,6 +222,8 @@ def main():
     p.add_argument("--lift", type=int, default=0, metavar="K",
                    help="deep SOLVE-GP rows: K more steps as it is and as the DGP over Z u O it equals (to_svgp)")
     p.add_argument("--test-samples", type=int, default=100)
+    p.add_argument("--finish", choices=["auto", "none"], default="auto", help="fit's exact finish of the last "
+                   "layer's q(u) and the noise (auto: on with a Gaussian likelihood; none: the last iterate)")
     p.add_argument("--float32", action="store_true", help="train in float32 (default float64)")
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
                    help="tabulate the rows of these JSON files (runs split over processes) instead of running; "

@@ -285,7 +285,8 @@ def fit(
     * ``average``: the Polyak-Ruppert average over the last fraction ``average`` of the steps;
     * ``finish``: ``"exact"`` ends with q(u) and the Gaussian noise at their optimum on all the data (one pass;
       :mod:`~pyro_sparsegp.infer.exact_finish`), ``None`` keeps the last iterate; ``"auto"``: exact for an SVGP
-      or SOLVE-GP with a Gaussian likelihood, natural gradients, ``X, y`` or ``dataset`` and at least one epoch;
+      or SOLVE-GP (a DeepGP's last layer) with a Gaussian likelihood, natural gradients, ``X, y`` or ``dataset``
+      and at least one epoch;
     * ``checkpoint``, ``checkpoint_every``, ``resume``: checkpoints from which a run resumes identically.
 
     :raises NonFiniteLossError: on a numerical failure, after restoring the last good parameters; it names the step.

@@ -2,6 +2,9 @@
 the end of training, checked against the collapsed bound of Titsias (2009) computed densely and maximised over the
 noise on a grid; the ``finish`` argument's policy and errors; checkpoints keep the loop's state to resume from."""
 
+import copy
+
+import pyro
 import pyro.distributions as dist
 import pytest
 import torch
@@ -232,3 +235,50 @@ def test_a_checkpoint_holds_the_final_model_and_resumes_from_the_loop(tmp_path):
     fit(resumed, X, y, num_steps=20, resume=str(tmp_path / "c.pt"), **kw)  # continues from the loop's iterate
     for a, b in zip(resumed.parameters(), straight.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def _dgp(X):
+    from pyro_sparsegp.deep import build_deep_gp
+
+    return build_deep_gp(X, [2], ps.Gaussian(0.1), num_inducing=10, num_samples=4, init="random")
+
+
+def test_a_deep_gps_finish_is_its_last_layers_on_the_hidden_samples():
+    """A DeepGP's finish is the last layer's on ``S`` samples per point of its inputs, each weighted ``1 / S``:
+    the same as finishing the last layer on those samples with ``num_data = N``."""
+    X, y = _data(N=120)
+    deep = _dgp(X)
+    twin = copy.deepcopy(deep)
+    pyro.set_rng_seed(3)
+    exact_finish_(deep, [(X[:50], y[:50]), (X[50:], y[50:])])
+    pyro.set_rng_seed(3)
+    rows = []
+    with torch.no_grad():
+        for Xb, yb in [(X[:50], y[:50]), (X[50:], y[50:])]:
+            h = twin.propagate(Xb, 4)[0][-1]
+            twin.clear_cache()
+            rows.append((h.reshape(-1, h.shape[-1]), yb.repeat(4)))
+    exact_finish_(twin.last, rows, num_data=len(X))
+    for a, b in zip(deep.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_fit_finishes_a_deep_gps_last_layer_and_its_bound_rises():
+    X, y = _data(N=400)
+
+    def run(**kw):
+        torch.manual_seed(0)
+        pyro.set_rng_seed(0)
+        deep = _dgp(X)
+        fit(deep, X, y, num_steps=20, batch_size=100, progress=False, **kw)
+        return deep
+
+    last, finished = run(finish=None), run()
+    finished_ids = {id(p) for p in finished.last.q_u.parameters()} | {id(finished.likelihood.noise_unconstrained)}
+    for (name, a), b in zip(finished.named_parameters(), last.parameters(), strict=True):
+        if id(a) not in finished_ids:
+            assert torch.equal(a, b), name  # the hidden layers and every hyperparameter: the loop's own
+    assert not torch.equal(finished.last.q_u.u_loc, last.last.q_u.u_loc)
+    with torch.no_grad():  # the bound on all the data, averaged over many samples of the hidden layers
+        bound = [sum(m.analytic_elbo(X, y, num_samples=64).item() for _ in range(8)) / 8 for m in (last, finished)]
+    assert bound[1] > bound[0], bound
