@@ -26,8 +26,9 @@ A :class:`~pyro_sparsegp.DeepGP` (Salimbeni and Deisenroth 2017) with a Gaussian
 last layer's q(u) given the hidden layers: its bound (their eq. 8) is the last layer's bound averaged over the
 hidden samples, so the statistics above are averaged over ``S`` samples per point of the last layer's inputs, drawn
 once in the pass, and the finish is the exact optimum of that ``S``-sample estimate (the hidden layers are left as
-the loop left them). On kin8nm (M = 100, 1,000 steps of ``fit``, split 0) it raised the test log-likelihood of DGP 2
-from 1.279 to 1.290 and of DGP 3 from 1.342 to 1.358 at ``S = 5``; ``S = 20`` gave the same.
+the loop left them). On kin8nm (``benchmarks/deepgp_uci.py``, M = 100, 1,000 steps of ``fit``, split 0) it raised
+the test log-likelihood of DGP 2 from 1.280 to 1.291 and of DGP 3 from 1.342 to 1.357 at ``S = 5``; ``S = 20`` gave
+the same.
 
 SOLVE-GP (Shi, Titsias, Mnih 2020) has two families, q(u) q(v⊥), with features :math:`a_n` (as above) and
 :math:`d_n = L_c^{-1}c_{vn}` (whitened; :math:`C_{vv}^{-1}c_{vn}` otherwise) and prior precisions :math:`P_u, P_v`.
