@@ -38,6 +38,11 @@ def _dense_collapsed(gp, X, Y, noise):
         return mvn.log_prob(Y.mT).sum() - Y.shape[1] * trace / (2 * noise)
 
 
+def _same_parameters(a, b):
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+
+
 def _grid_max(gp, X, Y):
     """``(noise, bound)`` at the maximum of the dense collapsed bound over a log grid of the noise, refined twice."""
     lo, hi = -6.0, 1.0
@@ -128,8 +133,7 @@ def test_a_partial_pass_is_scaled_to_num_data():
     twice = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.3))
     exact_finish_(once, [(X, y)])
     exact_finish_(twice, [(X, y), (X, y)], num_data=len(X))
-    for a, b in zip(once.parameters(), twice.parameters(), strict=True):
-        torch.testing.assert_close(a, b)
+    _same_parameters(once, twice)
 
 
 def test_fit_finishes_exactly_by_default_and_the_full_data_bound_rises():
@@ -259,8 +263,7 @@ def test_a_deep_gps_finish_is_its_last_layers_on_the_hidden_samples():
             twin.clear_cache()
             rows.append((h.reshape(-1, h.shape[-1]), yb.repeat(4)))
     exact_finish_(twin.last, rows, num_data=len(X))
-    for a, b in zip(deep.parameters(), twin.parameters(), strict=True):
-        torch.testing.assert_close(a, b)
+    _same_parameters(deep, twin)
 
 
 def test_fit_finishes_a_deep_gps_last_layer_and_its_bound_rises():
