@@ -133,8 +133,7 @@ class BatchSource:
         For :func:`~pyro_sparsegp.infer.exact_finish.exact_finish_`; the run's own order is left as it is."""
         if self.loader is not None:
             for Xb, yb in self.loader:
-                yield Xb.to(device=self.device, dtype=self.dtype), yb.to(
-                    device=self.device, dtype=self.dtype if yb.is_floating_point() else yb.dtype)
+                yield self._placed(Xb, yb)
             return
         B = self.batch_size
         for start in range(self.rank * B, self.num_data, self.world_size * B):
@@ -150,20 +149,20 @@ class BatchSource:
         idx = idx.to(self.device, non_blocking=True)
         return self.X[idx], self.y[idx]
 
+    def _placed(self, Xb, yb) -> tuple:
+        """``(X [B, D], y [B, ...])`` as tensors on the run's device, ``X`` (and a floating ``y``) in its dtype."""
+        Xb, yb = torch.as_tensor(Xb), torch.as_tensor(yb)
+        dtype = self.dtype if yb.is_floating_point() else yb.dtype
+        return (Xb.to(device=self.device, dtype=self.dtype, non_blocking=True),
+                yb.to(device=self.device, dtype=dtype, non_blocking=True))
+
     def _from_dataset(self, idx):
-        device, dtype = self.device, self.dtype
-        Xb, yb = self.dataset[idx]
-        Xb = torch.as_tensor(Xb).to(device=device, dtype=dtype, non_blocking=True)
-        yb = torch.as_tensor(yb)
-        yb = yb.to(device=device, dtype=dtype if yb.is_floating_point() else yb.dtype, non_blocking=True)
-        return Xb, yb
+        return self._placed(*self.dataset[idx])
 
     def _from_loader(self):
-        device, dtype = self.device, self.dtype
         while True:
             for Xb, yb in self.loader:
                 if Xb.shape[0] > self.num_data:  # the likelihood would be scaled by num_data / B < 1
                     raise ValueError(f"the loader gave a batch of {Xb.shape[0]} rows but num_data={self.num_data}: "
                                      "num_data is the size of the whole data set, not of a batch")
-                Xb = Xb.to(device=device, dtype=dtype)
-                yield Xb, yb.to(device=device, dtype=dtype if yb.is_floating_point() else yb.dtype)
+                yield self._placed(Xb, yb)

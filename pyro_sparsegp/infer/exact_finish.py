@@ -50,8 +50,8 @@ import torch
 
 from ..composition import sampled_attributes
 from ..likelihoods import Gaussian
-from ..linalg import solve_lower
-from .natgrad.closed_forms import _targets
+from .distributed import rank_and_world_size
+from .natgrad.closed_forms import _A, _targets
 from .natgrad.families import noise_natgrad_likelihood
 from .natgrad.from_grads import _set_constrained
 
@@ -125,7 +125,7 @@ def _features(layer, X):
         Luu, W0, kdiag = factors
         W, chols = [W0], [Luu]
     t = kdiag - sum(w.pow(2).sum(-2) for w in W)
-    A = [w if layer.whiten else solve_lower(c, w, transpose=True) for w, c in zip(W, chols, strict=True)]
+    A = [_A(layer, c, w) for w, c in zip(W, chols, strict=True)]  # Kuu^{-1} Kuf's analogue per family
     if layer.num_outputs is not None:
         L = layer.num_outputs
         A = [a.expand(L, *a.shape[-2:]) for a in A]
@@ -172,7 +172,7 @@ def _hidden_samples(deep, batches, S: int):
 def _reduce_over_ranks(tensors, n):
     """``(tensors summed over the ranks of an initialised process group, n summed)``; unchanged without one. Any
     shapes (float64); one ``all_reduce`` of their concatenation."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if rank_and_world_size()[1] == 1:
         return tensors, n
     flat = torch.cat([x.reshape(-1) for x in tensors] + [torch.tensor([float(n)], dtype=torch.float64,
                                                                           device=tensors[0].device)])

@@ -326,7 +326,9 @@ def fit(
 def _end_of_run(module, a, source, trainer, state, checkpoint, run_key, show) -> None:
     """After the loop: the iterate average (``average``) or the exact finish into the module, then the checkpoint
     (``None``: none, or not rank 0's to write) with the final model and the loop's own state to resume from."""
-    loop_state = {k: v.detach().clone() for k, v in module.state_dict().items()} if checkpoint else None
+    ends_changed = a.finish or a.plan.average is not None  # the module after the loop is not the loop's own
+    loop_state = ({k: v.detach().clone() for k, v in module.state_dict().items()}
+                  if checkpoint and ends_changed else None)
     changed = a.plan.finish()
     if a.finish:  # q(u) and the noise at their optimum on all the data, given the hyperparameters
         finish_run(module, source, a.num_data, show)
