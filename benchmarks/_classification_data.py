@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import gzip
-from pathlib import Path
 
 import numpy as np
 import scipy.io as sio
+from _common import SHARED_DATA
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = SHARED_DATA  # ../shared/data, or $PSGP_SHARED_DATA
 
 RAETSCH = {
     "thyroid": "thyroid/raetsch_xt/thyroid.mat",

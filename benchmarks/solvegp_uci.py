@@ -55,18 +55,17 @@ import json
 import math
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pyro
 import torch
-from _common import parser, setup, table, time_alternating, write_json
+from _common import SHARED_DATA, parser, setup, table, time_alternating, write_json
 from pyro.contrib.gp.kernels import Matern32
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.infer import fit
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = SHARED_DATA  # ../shared/data, or $PSGP_SHARED_DATA
 DATASETS = ["kin40k", "protein", "keggdirected", "keggundirected", "elevators", "bike"]
 # the paper's SVGP 1024, SOLVE-GP/ODVGP 1024 + 1024, SVGP 2048, ODVGP 1024 + 8096 (subsampled)
 KINDS = ["svgp_M", "solvegp_M+M", "odvgp_M+M", "svgp_2M", "odvgp_M+8M"]

@@ -44,15 +44,15 @@ def _optim(method):
 
 
 def grid_data(N=2000):
-    g = torch.Generator().manual_seed(0)
-    X = torch.rand(N, 3, generator=g) * 4 - 2
-    y = torch.sin(2 * X[:, 0]) + 0.5 * X[:, 1] * X[:, 2] + 0.1 * torch.randn(N, generator=g)
-    return X, y
+    g = torch.Generator().manual_seed(0)  # drawn on the CPU (the same data under --device), then moved
+    X = torch.rand(N, 3, generator=g, device="cpu") * 4 - 2
+    y = torch.sin(2 * X[:, 0]) + 0.5 * X[:, 1] * X[:, 2] + 0.1 * torch.randn(N, generator=g, device="cpu")
+    return X.to(torch.get_default_device()), y.to(torch.get_default_device())
 
 
 def grid_run(X, y, model, elbo_cls, B, seed, method, steps):
     pyro.set_rng_seed(seed)
-    Z = X[torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))[:40]].clone()
+    Z = X[torch.randperm(len(X), generator=torch.Generator().manual_seed(seed), device="cpu")[:40]].clone()
     gp = (ps.SVGP(RBF(3), Z, ps.Gaussian(0.1)) if model == "svgp"
           else ps.SOLVEGP(RBF(3), Z[:20].clone(), Z[20:].clone(), ps.Gaussian(0.1)))
     svi = SVI(gp.model, gp.guide, _optim(method), elbo_cls())

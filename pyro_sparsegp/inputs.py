@@ -70,9 +70,10 @@ def _warn_cast(t: torch.Tensor, name: str, dtype: torch.dtype) -> None:
 
 
 def as_tensor(x, name: str, dtype: torch.dtype | None = None, device=None, floating: bool = True) -> torch.Tensor:
-    """``x`` as a tensor on ``device`` (default: where it is, or the CPU): floating and boolean data in ``dtype``
-    (default: the default dtype); integer data too if ``floating``, else kept as integers (labels). Same shape as
-    ``x``. Raises ``TypeError`` naming what was given and how to convert it."""
+    """``x`` as a tensor on ``device`` (default: where a tensor is; numpy data and lists on the default device, as
+    ``torch.tensor`` puts them, so that under ``torch.set_default_device`` they meet the modules built there):
+    floating and boolean data in ``dtype`` (default: the default dtype); integer data too if ``floating``, else kept
+    as integers (labels). Same shape as ``x``. Raises ``TypeError`` naming what was given and how to convert it."""
     if not isinstance(x, torch.Tensor):
         if hasattr(x, "to_numpy") and not isinstance(x, np.ndarray):  # pandas DataFrame / Series
             x = x.to_numpy()
@@ -84,6 +85,8 @@ def as_tensor(x, name: str, dtype: torch.dtype | None = None, device=None, float
             if not arr.flags.writeable:  # pandas' copy-on-write views: torch cannot share read-only memory
                 arr = arr.copy()
             x = torch.from_numpy(arr)
+            if device is None:
+                device = torch.get_default_device()
         else:
             raise TypeError(
                 f"{name} must be a torch.Tensor, a numpy array, a list of numbers or a pandas DataFrame/Series, got "

@@ -145,6 +145,14 @@ def check_module_args(kernel, Z, likelihood=None, num_outputs=None, jitter=None)
                     f"Z has dtype {Z.dtype} but the {what}'s parameters are {d}; build the kernel, the likelihood "
                     "and Z in one dtype (torch.set_default_dtype before building them) or pass Z.to(...)"
                 )
+    for what, mod in (("kernel", kernel), ("likelihood", likelihood)):
+        devices = {p.device for p in mod.parameters()} if mod is not None else set()
+        if devices - {Z.device}:
+            raise ValueError(
+                f"Z is on {Z.device} but the {what}'s parameters are on {', '.join(map(str, devices))}: build the "
+                "module from tensors on one device (Z.to(device)), or build it on the CPU and move it whole with "
+                "module.to(device)"
+            )
     if Z.dtype != dtype:
         raise TypeError(
             f"Z has dtype {Z.dtype} but the default dtype, in which the variational parameters are created, is "
@@ -174,6 +182,8 @@ def check_orthogonal_inputs(O, Z) -> None:
     """``O`` of :class:`~pyro_sparsegp.SOLVEGP`: a non-empty floating tensor in ``Z``'s dtype, ``[M2, D]`` or
     ``[L, M2, D]`` (``M2 >= 1``)."""
     check_tensor(O, "O", Z.dtype)
+    if O.device != Z.device:
+        raise ValueError(f"O is on {O.device} but Z on {Z.device}: pass both on one device (O.to(Z.device))")
     if O.dim() in (2, 3) and (O.shape[-2] == 0 or O.shape[-1] == 0):
         raise ValueError(f"O must hold at least one orthogonal inducing input, got shape {tuple(O.shape)}")
 

@@ -64,19 +64,10 @@ def test_two_ranks_equal_one_process_with_the_union_of_their_batches(natgrad_lr,
         mp.spawn(_worker, args=(2, init_file, d, natgrad_lr, kind), nprocs=2, join=True)
         r0 = torch.load(os.path.join(d, "rank0.pt"))
         r1 = torch.load(os.path.join(d, "rank1.pt"))
-    X, y, gp = _setup(kind)
-    fit(
-        gp,
-        X,
-        y,
-        num_steps=STEPS,
-        batch_size=2 * B,
-        lr=0.02,
-        natgrad_lr=natgrad_lr,
-        elbo="analytic",
-        progress=False,
-        seed=5,
-    )
+    with torch.device("cpu"):  # the reference on the CPU, as the gloo ranks are (the suite's CUDA pass sets a default)
+        X, y, gp = _setup(kind)
+        fit(gp, X, y, num_steps=STEPS, batch_size=2 * B, lr=0.02, natgrad_lr=natgrad_lr, elbo="analytic",
+            progress=False, seed=5)
     for k, v in gp.state_dict().items():
         torch.testing.assert_close(r0[k], r1[k], rtol=0, atol=0, msg=k)
         torch.testing.assert_close(r0[k], v, rtol=1e-9, atol=1e-9, msg=k)
@@ -132,10 +123,12 @@ def test_a_shard_per_rank_through_a_loader_equals_one_process_on_their_union():
         mp.spawn(_worker_data, args=(2, os.path.join(d, "init"), d, "loader"), nprocs=2, join=True)
         r0 = torch.load(os.path.join(d, "rank0.pt"))
         r1 = torch.load(os.path.join(d, "rank1.pt"))
-    X, y, gp = _setup()
-    idx = torch.cat([torch.cat([torch.arange(i, i + B), torch.arange(128 + i, 128 + i + B)]) for i in range(0, 128, B)])
-    loader = DataLoader(TensorDataset(X[idx], y[idx]), batch_size=2 * B)  # step t: both ranks' t-th batches
-    fit(gp, loader=loader, num_data=len(X), num_steps=STEPS, lr=0.02, natgrad_lr=0.5, progress=False)
+    with torch.device("cpu"):  # the reference on the CPU, as the gloo ranks are
+        X, y, gp = _setup()
+        idx = torch.cat([torch.cat([torch.arange(i, i + B), torch.arange(128 + i, 128 + i + B)])
+                         for i in range(0, 128, B)])
+        loader = DataLoader(TensorDataset(X[idx], y[idx]), batch_size=2 * B)  # step t: both ranks' t-th batches
+        fit(gp, loader=loader, num_data=len(X), num_steps=STEPS, lr=0.02, natgrad_lr=0.5, progress=False)
     for k, v in gp.state_dict().items():
         torch.testing.assert_close(r0[k], r1[k], rtol=0, atol=0, msg=k)
         torch.testing.assert_close(r0[k], v, rtol=1e-9, atol=1e-9, msg=k)

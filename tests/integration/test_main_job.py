@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("flags", [[], ["--float32"]], ids=["float64", "float32"])
 def test_main_job_is_warning_free_and_logs_plain_lines(flags, tmp_path):
     plot = tmp_path / "fit.png"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1"}
     run = subprocess.run(
         [sys.executable, "-W", "error", "-m", "pyro_sparsegp", "--steps", "60", "--M", "32", "--plot", str(plot)]
         + flags,

@@ -345,12 +345,12 @@ def test_build_deep_gp_takes_numpy_and_names_bad_inputs():
     more inducing inputs than data points with a message that says what to do."""
     X = torch.randn(40, 3, dtype=torch.float64)
     ref = build_deep_gp(X.to(torch.get_default_dtype()), [2], ps.Gaussian(), num_inducing=8, seed=1)
-    for given in (X.numpy(), X.tolist()):
+    for given in (X.cpu().numpy(), X.tolist()):
         dgp = build_deep_gp(given, [2], ps.Gaussian(), num_inducing=8, seed=1)
         for a, b in zip(dgp.layers, ref.layers, strict=True):
             assert a.Z.dtype == torch.get_default_dtype()
             torch.testing.assert_close(a.Z, b.Z)
-    assert init_inducing(X.numpy(), 5, "random").shape == (5, 3)
+    assert init_inducing(X.cpu().numpy(), 5, "random").shape == (5, 3)
     with pytest.raises(ValueError, match=r"reshape\(-1, 1\)"):
         build_deep_gp(X[:, 0], [2], ps.Gaussian())
     with pytest.raises(ValueError, match="use at most 40"):
@@ -440,9 +440,9 @@ def test_kmeans_initialisation_needs_no_scipy(monkeypatch):
 
     for mod in ("scipy", "scipy.cluster", "scipy.cluster.vq"):
         monkeypatch.setitem(sys.modules, mod, None)  # any import of scipy now raises ImportError
-    g = torch.Generator(torch.get_default_device()).manual_seed(1)
-    X = torch.cat([torch.randn(60, 2, generator=g) * 0.3 + c for c in (torch.tensor([4.0, 0]), torch.tensor([-4.0, 0]),
-                                                                         torch.tensor([0, 4.0]))])
+    g = torch.Generator().manual_seed(1)  # the same blobs on every device (a CUDA generator draws others)
+    X = torch.cat([torch.randn(60, 2, generator=g, device="cpu") * 0.3 + torch.tensor(c, device="cpu")
+                   for c in ([4.0, 0], [-4.0, 0], [0, 4.0])]).to(torch.get_default_device())
     Z = init_inducing(X, 3)
     nearest = torch.cdist(X, Z).argmin(-1)
     for j in range(3):

@@ -162,7 +162,7 @@ def test_read_only_arrays_are_copied_without_a_torch_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         t = as_tensor(FrameLike(arr), "y", floating=False)
-    assert t.tolist() == list(range(6)) and not np.shares_memory(t.numpy(), arr)
+    assert t.tolist() == list(range(6)) and not np.shares_memory(t.cpu().numpy(), arr)
 
 
 def test_labels_outside_the_support_are_named_with_the_fix():
@@ -170,3 +170,23 @@ def test_labels_outside_the_support_are_named_with_the_fix():
     gp = ps.SVGP(RBF(2), X[:3].clone(), ps.Bernoulli())
     with pytest.raises(ValueError, match=r"outside the support of Bernoulli .*: -1; binary labels are 0 and 1"):
         gp.analytic_elbo(X, torch.tensor([-1.0, 1, 1, -1, 1, 1]))
+
+
+def test_numpy_data_follow_the_default_device_and_mixed_devices_are_named():
+    """Under ``torch.set_default_device`` numpy inducing inputs land where the kernel is built, as ``torch.tensor``
+    puts them (a GPU user's path; the ``meta`` device stands in for it on the CPU); a tensor ``Z`` on another device
+    than the kernel's parameters (rows read from a memory-mapped file into host memory) or an ``O`` on another
+    device than ``Z`` is refused with both devices named, instead of failing inside the first kernel product."""
+    from pyro_sparsegp.inputs import as_tensor
+
+    Z = np.random.default_rng(0).normal(size=(5, 2))
+    assert as_tensor(Z, "Z").device == torch.get_default_device()
+    with torch.device("meta"):
+        assert as_tensor(Z, "Z").device.type == "meta" and as_tensor(Z.tolist(), "Z").device.type == "meta"
+        kernel = RBF(2)  # a module on meta (its checks read values, which meta tensors do not have, so none is built)
+        assert all(p.device.type == "meta" for p in kernel.parameters())
+        with pytest.raises(ValueError, match=r"Z is on cpu but the kernel's parameters are on meta"):
+            ps.SVGP(kernel, torch.as_tensor(Z, device="cpu", dtype=torch.get_default_dtype()))
+    assert as_tensor(torch.zeros(2, device="meta"), "x").device.type == "meta"  # a tensor stays where it is
+    with pytest.raises(ValueError, match=r"O is on meta but Z on (cpu|cuda)"):
+        ps.SOLVEGP(RBF(2), torch.zeros(3, 2), torch.zeros(2, 2, device="meta"), ps.Gaussian(0.1))

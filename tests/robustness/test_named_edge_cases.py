@@ -310,12 +310,12 @@ def _predict_in_chunks():
 def _jitter_warning_once():
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float32)
-    # on the CPU: that float32 rounding leaves this duplicated-row Kuu indefinite at jitter 1e-9 is LAPACK's doing
-    # (cuSOLVER factorises it); the once-only bookkeeping under test is the same on every device
+    # six equal inducing inputs: Kuu is exactly the matrix of ones, and 1 + 1e-9 rounds to 1 in float32, so the
+    # second pivot is exactly 0 on every device and LAPACK build (a single duplicated row left that to rounding: one
+    # CPU build factorised it); the jitter escalates to 1e-7, once per size and jitter
     try:
         with torch.device("cpu"):
-            Z = torch.randn(6, 2)
-            Z[3] = Z[1]
+            Z = torch.randn(1, 2).expand(6, 2).clone()
             gp = ps.SVGP(RBF(2, lengthscale=torch.tensor(3.0)), Z, ps.Gaussian(0.1), jitter=1e-9)
             X, y = torch.randn(8, 2), torch.randn(8)
             _reset_warnings()

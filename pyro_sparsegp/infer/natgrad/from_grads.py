@@ -121,7 +121,9 @@ def _precision_step(q, lr: float, retraction: bool = False):
             K = K @ K.mT
             K.diagonal(dim1=-2, dim2=-1).add_(1.0)
             K = 0.25 * (K + K.mT)
-        return torch.linalg.cholesky_ex(K.flip(-1, -2))  # chol(J K J)
+        D, info = torch.linalg.cholesky_ex(K.flip(-1, -2))  # chol(J K J)
+        # cuSOLVER reports no failure for a NaN matrix (LAPACK does): a non-finite factor fails on every device
+        return D, torch.where(torch.isfinite(D).flatten(-2).all(-1), info, info.clamp(min=1))
 
     D, info = factor(rho)
     checks = deferred.active()
