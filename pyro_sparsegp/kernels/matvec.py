@@ -36,6 +36,14 @@ from .batched import _centred, _check, _gemm_is_exact, _hyper, _rbf_gemm_is_exac
 __all__ = ["kernel_matvec"]
 
 BLOCK_ELEMENTS = 1 << 17  # elements of a [rows, M] block (1 MiB in float64: a few of them stay in a 2 MiB cache)
+DEVICE_BLOCK_ELEMENTS = 1 << 24  # on a GPU (128 MiB in float64): few blocks, since each costs kernel launches; an H100
+# took 150 ms for ODVGP's M2 part at M = 1024, M2 = 16384 in cache-sized blocks (1,000+ of them per step)
+
+
+def block_elements(device: torch.device) -> int:
+    """Elements of one ``[rows, M]`` block on ``device``: :data:`BLOCK_ELEMENTS` on the CPU (cache-sized),
+    :data:`DEVICE_BLOCK_ELEMENTS` elsewhere. Takes a device, so shapes do not apply."""
+    return BLOCK_ELEMENTS if device.type == "cpu" else DEVICE_BLOCK_ELEMENTS
 
 # kind: (kappa, h): the inputs are scaled by sqrt(kappa) so that one product gives q = kappa r2, and
 # dg/dq = -h P with P the block the gradients multiply (module docstring)
@@ -79,7 +87,7 @@ class _StationaryMatvec(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Xq, Zq, var, a, kind):
         Xa, Za = _augmented(Xq, Zq)
-        rows = max(1, BLOCK_ELEMENTS // max(1, Zq.shape[0]))
+        rows = max(1, block_elements(Xq.device) // max(1, Zq.shape[0]))
         ga = Xq.new_zeros(Xq.shape[0])
         bufs = _buffers(kind, min(rows, Xq.shape[0]), Za)
         for i in range(0, Xq.shape[0], rows):
@@ -120,11 +128,12 @@ class _StationaryMatvec(torch.autograd.Function):
 
 
 def _by_matrix(kernel, X, Z, a):
-    """``kernel_matrix(kernel, X, Z) @ a``, in blocks of rows of a 2-D ``X`` (``BLOCK_ELEMENTS`` per block, each
-    block's matrix kept for autograd)."""
-    if X.dim() != 2 or a.dim() != 1 or X.shape[0] * Z.shape[-2] <= BLOCK_ELEMENTS:
+    """``kernel_matrix(kernel, X, Z) @ a``, in blocks of rows of a 2-D ``X`` (:func:`block_elements` per block,
+    each block's matrix kept for autograd)."""
+    block = block_elements(X.device)
+    if X.dim() != 2 or a.dim() != 1 or X.shape[0] * Z.shape[-2] <= block:
         return kernel_matrix(kernel, X, Z) @ a
-    rows = max(1, BLOCK_ELEMENTS // Z.shape[-2])
+    rows = max(1, block // Z.shape[-2])
     return torch.cat([kernel_matrix(kernel, X[i : i + rows], Z) @ a for i in range(0, X.shape[0], rows)])
 
 

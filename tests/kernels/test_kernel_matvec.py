@@ -31,7 +31,7 @@ def _dense(k, X, Z, a):
 @pytest.mark.parametrize("ard", [True, False])
 @pytest.mark.parametrize("cls", KERNELS)
 def test_values_and_every_gradient_match_the_dense_product(cls, ard, monkeypatch):
-    monkeypatch.setattr(mv, "BLOCK_ELEMENTS", 64)  # 64 // 30 = 2 rows a block: many blocks and a ragged last one
+    monkeypatch.setattr(mv, "block_elements", lambda device: 64)  # 64 // 30 = 2 rows a block, a ragged last one
     D = 3
     k = _kernel(cls, D, ard)
     X = torch.randn(9, D, requires_grad=True)
@@ -48,7 +48,7 @@ def test_values_and_every_gradient_match_the_dense_product(cls, ard, monkeypatch
 @pytest.mark.float64
 @pytest.mark.parametrize("cls", KERNELS)
 def test_gradcheck(cls, monkeypatch):
-    monkeypatch.setattr(mv, "BLOCK_ELEMENTS", 16)
+    monkeypatch.setattr(mv, "block_elements", lambda device: 16)
     X = torch.randn(5, 2, requires_grad=True)
     Z = torch.randn(7, 2, requires_grad=True)
     a = torch.randn(7, requires_grad=True)
@@ -75,12 +75,18 @@ def test_only_what_is_asked_for_is_differentiated():
     lambda: RationalQuadratic(2, lengthscale=torch.tensor(0.9)),
 ])
 def test_other_kernels_take_the_dense_product(make, monkeypatch):
-    monkeypatch.setattr(mv, "BLOCK_ELEMENTS", 8)  # the dense product in blocks of rows too
+    monkeypatch.setattr(mv, "block_elements", lambda device: 8)  # the dense product in blocks of rows too
     k = make()
     X, Z, a = torch.randn(7, 2, requires_grad=True), torch.randn(5, 2), torch.randn(5)
     got, want = kernel_matvec(k, X, Z, a), kernel_matrix(k, X, Z) @ a
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch.autograd.grad(got.sum(), X)[0], torch.autograd.grad(want.sum(), X)[0])
+
+
+def test_blocks_are_cache_sized_on_the_cpu_and_large_elsewhere():
+    """The CPU takes cache-sized blocks; another device few large ones (each block costs kernel launches there)."""
+    assert mv.block_elements(torch.device("cpu")) == mv.BLOCK_ELEMENTS < mv.DEVICE_BLOCK_ELEMENTS
+    assert mv.block_elements(torch.device("meta")) == mv.DEVICE_BLOCK_ELEMENTS
 
 
 def test_batched_inputs_take_the_dense_product():
