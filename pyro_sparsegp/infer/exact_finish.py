@@ -288,13 +288,15 @@ def exact_finish_(svgp, batches, num_data: int | None = None, max_iter: int = 50
     return steps
 
 
-def resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps, epochs) -> bool:
+def resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps, epochs) -> tuple[bool, str | None]:
     """Whether :func:`~pyro_sparsegp.infer.fit` ends with :func:`exact_finish_`: ``"exact"`` (where it
     applies, else a ``ValueError``), ``None``, or ``"auto"``: exact for an SVGP, SOLVE-GP or DeepGP with a Gaussian
     likelihood trained by natural gradients on the closed-form bound from ``X, y`` or a ``dataset`` (not a loader,
     which may be endless), without ``average``, in a run of at least one epoch (``epochs`` = steps x global batch /
     N; the pass then costs at most the forward passes of the training). The finish is the full-data natural step of
-    length 1 of Hensman, Fusi, Lawrence 2013, section 3.2. No tensors, so shapes do not apply."""
+    length 1 of Hensman, Fusi, Lawrence 2013, section 3.2. Returns ``(finish, skipped)``: ``skipped`` says why
+    ``"auto"`` left out a finish the module could take (a loader, Adam on q(u), a run under one epoch), for fit's
+    progress line, else ``None``. No tensors, so shapes do not apply."""
     if finish not in ("auto", "exact", None):
         raise ValueError(f'finish must be "auto", "exact" or None, got {finish!r}')
     if finish == "exact":
@@ -302,9 +304,19 @@ def resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps,
             raise ValueError(f'finish="exact" cannot finish this module: {reason}')
         if average is not None:
             raise ValueError('average and finish="exact" both set q(u) and the noise at the end: choose one')
-        return True
-    return (finish == "auto" and num_steps > 0 and epochs >= 1 and supports_exact_finish(module)
-            and elbo == "analytic" and natgrad_lr is not None and loader is None and average is None)
+        return True, None
+    if finish is None or num_steps == 0 or elbo != "analytic" or average is not None:
+        return False, None
+    if not supports_exact_finish(module):
+        return False, None
+    if loader is not None:
+        return False, 'the data come from a loader, which may be endless (finish="exact" makes one pass of it)'
+    if natgrad_lr is None:
+        return False, 'q(u) was trained by Adam (natgrad_lr=None); finish="exact" adds the finish'
+    if epochs < 1:
+        return False, (f"the run saw {epochs:.2g} of an epoch, less than the pass would read "
+                       '(finish="exact" forces it)')
+    return True, None
 
 
 def finish_run(module, source, num_data: int, show: bool) -> None:

@@ -31,6 +31,7 @@ import collections
 import math
 import numbers
 import os
+import sys
 from dataclasses import dataclass
 
 import pyro
@@ -108,6 +109,7 @@ class _Arguments:
     device: torch.device
     plan: NatGradPlan  # warm-up, positive-definite step, layers, iterate average (natgrad_options.py)
     finish: bool  # the exact last step for q(u) and the noise (exact_finish.py)
+    finish_skipped: str | None  # why "auto" did not finish a module that could be (a progress line)
 
 
 def _natgrad(module, natgrad_lr, elbo, num_steps, batch_fraction, options: dict):
@@ -193,7 +195,8 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
     natgrad_lr, plan = _natgrad(module, natgrad_lr, elbo, num_steps, fraction, natgrad_options)
     elbo = _default_elbo(module) if elbo is None else elbo
     epochs = num_steps * batch_size * _dist()[1] / num_data if loader is None else 0.0
-    finish = resolve_finish(module, finish, elbo, natgrad_lr, loader, natgrad_options["average"], num_steps, epochs)
+    finish, skipped = resolve_finish(module, finish, elbo, natgrad_lr, loader, natgrad_options["average"], num_steps,
+                                     epochs)
     if elbo != "analytic" and not hasattr(elbo, "differentiable_loss"):
         raise TypeError('elbo must be a Pyro ELBO with differentiable_loss, or "analytic"')
     if elbo == "analytic" and not hasattr(module, "analytic_elbo"):
@@ -206,7 +209,7 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
                          "ps.infer.NaturalGradient for q(u)")
     sync_every = (20 if device.type != "cpu" else 1) if sync_every is None else _int("sync_every", sync_every, 1)
     return _Arguments(X, y, num_data, num_steps, batch_size, lr, natgrad_lr, elbo, seed, checkpoint_every,
-                      sync_every, dtype, device, plan, finish)
+                      sync_every, dtype, device, plan, finish, skipped)
 
 
 class _RunningElbo:
@@ -332,6 +335,8 @@ def _end_of_run(module, a, source, trainer, state, checkpoint, run_key, show) ->
     changed = a.plan.finish()
     if a.finish:  # q(u) and the noise at their optimum on all the data, given the hyperparameters
         finish_run(module, source, a.num_data, show)
+    elif show and a.finish_skipped:
+        print(f"fit: no exact finish: {a.finish_skipped}", file=sys.stderr, flush=True)
     if checkpoint:
         save_checkpoint(checkpoint, module, trainer.optimizer, state, run_key,
                         loop_state=loop_state if changed or a.finish else None)

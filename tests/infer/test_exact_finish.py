@@ -199,6 +199,25 @@ def test_a_drop_last_loader_is_named_in_the_finish_line(capsys):
     assert "on the 240 rows of one pass of the loader, scaled to num_data = 300" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("case", ["loader", "adam", "short", "average", "none", "finished"])
+def test_a_skipped_finish_says_why_where_the_module_could_take_it(case, capsys):
+    """``"auto"`` leaves out a finish the module could take (a loader, Adam on q(u), a run under one epoch) with one
+    line naming the reason and ``finish="exact"``; no line where the user chose otherwise (``average``,
+    ``finish=None``) or where it finished."""
+    X, y = _data(N=300)
+    gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.5))
+    kw = {"loader": dict(loader=DataLoader(TensorDataset(X, y), batch_size=50), num_data=300),
+          "adam": dict(X=X, y=y, natgrad_lr=None), "short": dict(X=X, y=y, batch_size=50),
+          "average": dict(X=X, y=y, average=0.5), "none": dict(X=X, y=y, finish=None),
+          "finished": dict(X=X, y=y)}[case]
+    fit(gp, num_steps=3 if case == "short" else 12, **kw)
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("fit: no exact finish: ")]
+    want = {"loader": "from a loader", "adam": "natgrad_lr=None", "short": "0.5 of an epoch"}.get(case)
+    assert len(said) == (want is not None) and (want is None or (want in said[0] and 'finish="exact"' in said[0]))
+    assert ("fit: exact finish" in err) == (case == "finished")
+
+
 def test_finish_refuses_what_it_cannot_do():
     X, y = _data(N=100)
     gp = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(noise=0.5))
