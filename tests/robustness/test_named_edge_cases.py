@@ -312,7 +312,7 @@ def _jitter_warning_once():
     torch.set_default_dtype(torch.float32)
     # six equal inducing inputs: Kuu is exactly the matrix of ones, and 1 + 1e-9 rounds to 1 in float32, so the
     # second pivot is exactly 0 on every device and LAPACK build (a single duplicated row left that to rounding: one
-    # CPU build factorised it); the jitter escalates to 1e-7, once per size and jitter
+    # CPU build factorised it); the jitter escalates, with one warning per size and jitter
     try:
         with torch.device("cpu"):
             Z = torch.randn(1, 2).expand(6, 2).clone()
