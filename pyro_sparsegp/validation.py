@@ -145,7 +145,6 @@ def check_module_args(kernel, Z, likelihood=None, num_outputs=None, jitter=None)
                     f"Z has dtype {Z.dtype} but the {what}'s parameters are {d}; build the kernel, the likelihood "
                     "and Z in one dtype (torch.set_default_dtype before building them) or pass Z.to(...)"
                 )
-    for what, mod in (("kernel", kernel), ("likelihood", likelihood)):
         devices = {p.device for p in mod.parameters()} if mod is not None else set()
         if devices - {Z.device}:
             raise ValueError(

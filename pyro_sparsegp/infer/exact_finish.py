@@ -305,9 +305,8 @@ def resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps,
         if average is not None:
             raise ValueError('average and finish="exact" both set q(u) and the noise at the end: choose one')
         return True, None
-    if finish is None or num_steps == 0 or elbo != "analytic" or average is not None:
-        return False, None
-    if not supports_exact_finish(module):
+    chosen_otherwise = finish is None or num_steps == 0 or elbo != "analytic" or average is not None
+    if chosen_otherwise or not supports_exact_finish(module):
         return False, None
     if loader is not None:
         return False, 'the data come from a loader, which may be endless (finish="exact" makes one pass of it)'
