@@ -72,7 +72,7 @@ def table(rows: list[dict], columns: list[str]) -> str:
         return str(v)
 
     cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(columns)]
+    widths = [max([len(c)] + [len(x[i]) for x in cells]) for i, c in enumerate(columns)]  # rows may be []
     lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join(lines)

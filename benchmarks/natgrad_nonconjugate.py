@@ -4,7 +4,8 @@ items 3-4). Prints a table and writes JSON rows keyed by ``dataset``/``likelihoo
     python benchmarks/natgrad_nonconjugate.py [--part digits|dgp|all] [--steps 100 300] [--dgp-steps 1000]
                                               [--dgp-seeds 0 1] [--dgp-models dgp2 dgp3]
                                               [--dgp-methods default nat_all nat_all_avg] [--json PATH]
-                                              [--stress-seeds 20] [--stress-steps 100]
+                                              [--stress-seeds 20] [--stress-steps 100] [--eval-samples 100]
+                                              [--workers 1] [--time-limit SECONDS] [--progress-every 0]
 
 **Digits** (scikit-learn ``load_digits``: 1,797 8x8 images, 10 classes): one fixed split (``numpy`` permutation with
 seed 0: the first 1,200 rows train, the other 597 test), inputs standardised on the training rows (constant pixels
@@ -33,12 +34,21 @@ and the iterate average of the last quarter of the steps, ``average=0.25``). Met
 on the training set), wall seconds, and Cholesky/damping failures (a ``NonFiniteLossError`` or a
 ``NatGradDampingWarning``). ``--part stress``: ``nat_all`` on ``--stress-seeds`` seeds for the first
 ``--stress-steps`` steps (where the hidden q(u), started at 1e-5 of the prior scale, is most fragile), counting
-failures.
+failures. ``--eval-samples S`` (above 100) adds the test log-likelihood of the ``S``-sample mixture
+(``test_ll_many``; the 100-sample one is biased low) and the largest per-point standard error (``se_max``). The
+summary gives each method's mean over seeds with its standard error, and the paired difference ``nat_all - default``
+over the seeds that ran both.
+
+Runs of separate seeds are independent: ``--workers W`` runs them in ``W`` processes of this script (one thread each;
+with ``--device cuda`` they share the GPU: docs/gpu.md), ``--progress-every K`` makes each print a line per ``K``
+steps, and ``--time-limit T`` stops the runs after ``T`` seconds, reporting each with the steps it reached and
+``failure`` "stopped" (a device's per-call limit). On an H100, DGP 3's 5,000 steps took about 250 s with 6 workers.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 import warnings
@@ -128,70 +138,151 @@ def digits_rows(args) -> list:
     return rows
 
 
-def kin8nm_rows(args) -> list:
+def _kin8nm():
+    """kin8nm split 0 standardised on the training rows, on the default device: ``(X, y, Xt, yt, sy)`` with ``yt``
+    standardised too and ``sy`` the targets' scale."""
     d = ps.datasets.load_kin8nm()
     mx, sx, my, sy = d.X_train.mean(0), d.X_train.std(0), d.y_train.mean(), d.y_train.std()
-    X, Xt = (d.X_train - mx) / sx, (d.X_test - mx) / sx
-    y = (d.y_train - my) / sy
-    rows = []
-    for model in args.dgp_models:
-        for seed in args.dgp_seeds:
-            for method in args.dgp_methods:
-                kw = DGP[method]
-                pyro.clear_param_store()
-                torch.manual_seed(seed)
-                width = min(30, X.shape[1])
-                hidden = [width] * {"dgp2": 1, "dgp3": 2}[model]
-                dgp = build_deep_gp(X, hidden, ps.Gaussian(0.05), num_samples=5, seed=seed, num_inducing=100)
-                secs, fail = _run(lambda dgp=dgp, kw=kw, seed=seed: ps.infer.fit(
-                    dgp, X, y, num_steps=args.dgp_steps, batch_size=1000, lr=0.01, elbo="analytic", seed=seed,
-                    progress=False, **kw))
-                with torch.no_grad():
-                    ll = (dgp.predictive_log_prob(Xt, d.y_test.sub(my).div(sy), 100) - math.log(sy)).mean().item()
-                    mean = dgp.predict(Xt, 100)[0].mean(0) * sy + my
-                    rmse = (mean - d.y_test).pow(2).mean().sqrt().item()
-                    bound = sum(dgp.analytic_elbo(X[i:i + 2000], y[i:i + 2000], num_data=len(X)).item()
-                                * len(X[i:i + 2000]) / len(X) for i in range(0, len(X), 2000)) / len(X)
-                rows.append({"dataset": "kin8nm", "likelihood": model, "method": method, "seed": seed,
-                             "steps": args.dgp_steps, "test_ll": ll, "rmse": rmse, "train_elbo": bound,
-                             "wall_s": secs, "failure": fail})
-                print(table(rows[-1:], list(rows[-1])), flush=True)
+    t = torch.as_tensor  # the default device (setup's --device); Z is drawn from X, so both sit with the kernel
+    X, Xt = t((d.X_train - mx) / sx), t((d.X_test - mx) / sx)
+    return X, t((d.y_train - my) / sy), Xt, t((d.y_test - my) / sy), float(sy)
+
+
+def dgp_row(args, model: str, seed: int, method: str, steps: int) -> dict:
+    """One DGP run of the kin8nm protocol (module docstring): train, then the metrics. With ``--progress-every K``
+    a line per ``K`` steps says how far the run is and whether a step was damped (for runs cut off by a time limit)."""
+    X, y, Xt, yt, sy = _kin8nm()
+    pyro.clear_param_store()
+    torch.manual_seed(seed)
+    hidden = [min(30, X.shape[1])] * {"dgp2": 1, "dgp3": 2}[model]
+    dgp = build_deep_gp(X, hidden, ps.Gaussian(0.05), num_samples=5, seed=seed, num_inducing=100)
+    every, t0 = args.progress_every, time.perf_counter()
+
+    def callback(step, loss):
+        if every and step % every == 0:
+            print(f"# progress {model} {method} seed {seed}: step {step}, loss {float(loss):.1f}, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+
+    secs, fail = _run(lambda: ps.infer.fit(dgp, X, y, num_steps=steps, batch_size=1000, lr=0.01,
+                                           elbo="analytic", seed=seed, progress=False, callback=callback,
+                                           **DGP[method]))
+    row = {"dataset": "kin8nm", "likelihood": model, "method": method, "seed": seed, "steps": steps}
+    with torch.no_grad():
+        torch.manual_seed(10_000 + seed)  # the predictive samples, the same for every method
+        row["test_ll"] = (dgp.predictive_log_prob(Xt, yt, 100) - math.log(sy)).mean().item()
+        if args.eval_samples > 100:  # the 100-sample mixture is biased low (DeepGP.predictive_log_prob)
+            lp, se = dgp.predictive_log_prob(Xt, yt, args.eval_samples, return_se=True, batch_size=100)
+            row["test_ll_many"], row["se_max"] = (lp - math.log(sy)).mean().item(), se.max().item()
+        row["rmse"] = (dgp.predict(Xt, 100)[0].mean(0) - yt).pow(2).mean().sqrt().item() * sy
+        row["train_elbo"] = sum(dgp.analytic_elbo(X[i:i + 2000], y[i:i + 2000], num_data=len(X)).item()
+                                * len(X[i:i + 2000]) for i in range(0, len(X), 2000)) / len(X) ** 2
+    return row | {"noise": float(dgp.likelihood.noise.detach()), "wall_s": secs, "failure": fail}
+
+
+def _child_command(args, model, seed, method, steps, path) -> list:
+    return [sys.executable, __file__, "--part", "dgp", "--threads", "1", "--device", args.device,
+            "--dgp-models", model, "--dgp-seeds", str(seed), "--dgp-methods", method, "--dgp-steps",
+            str(steps), "--eval-samples", str(args.eval_samples), "--progress-every",
+            str(args.progress_every), "--json", str(path)]
+
+
+def parallel_rows(args, jobs: list, steps: int) -> list:
+    """``jobs`` (model, seed, method) in ``--workers`` processes of this script, one thread each (runs of separate
+    seeds are independent). ``--time-limit T``: jobs still running after ``T`` seconds are stopped and reported with
+    the last step their progress reached (``failure`` then covers only those steps)."""
+    import json
+    import subprocess
+    import tempfile
+
+    tmp, t0, queue, running, rows = Path(tempfile.mkdtemp()), time.time(), list(jobs), {}, []
+    while queue or running:
+        while queue and len(running) < args.workers and time.time() - t0 < args.time_limit:
+            job = queue.pop(0)
+            path = tmp / ("_".join(map(str, job)) + ".json")
+            log = open(path.with_suffix(".log"), "w")
+            running[job] = (subprocess.Popen(_child_command(args, *job, steps, path), stdout=log,
+                                             stderr=subprocess.STDOUT), path, log)
+        for job, (proc, path, log) in list(running.items()):
+            late = time.time() - t0 > args.time_limit
+            if proc.poll() is None and not late:
+                continue
+            proc.kill() if late else None
+            proc.wait(), log.close(), running.pop(job)
+            text = path.with_suffix(".log").read_text()
+            if path.exists():
+                rows += json.loads(path.read_text())
+            else:  # stopped (or crashed): the steps its progress reached
+                done = [int(m) for m in re.findall(r"step (\d+),", text)]
+                rows.append(_stopped(job, max(done, default=0), "stopped" if late else text[-300:]))
+            print(table(rows[-1:], list(rows[-1])), flush=True)
+        if time.time() - t0 > args.time_limit:
+            rows += [_stopped(job, 0, "stopped") for job in queue]  # never started
+            queue = []
+        time.sleep(1 if running else 0)
     return rows
 
 
-def stress_rows(args) -> list:
-    """``--stress-seeds S``: DGP 2 and 3 with natural steps on every layer for ``--stress-steps`` steps from ``S``
-    seeds (the first steps, where the hidden q(u) at 1e-5 of the prior scale is most fragile): failures only."""
-    d = ps.datasets.load_kin8nm()
-    X = (d.X_train - d.X_train.mean(0)) / d.X_train.std(0)
-    y = (d.y_train - d.y_train.mean()) / d.y_train.std()
+def _stopped(job, steps: int, failure: str) -> dict:
+    return {"dataset": "kin8nm", "likelihood": job[0], "method": job[2], "seed": job[1], "steps": steps,
+            "failure": failure}
+
+
+def kin8nm_rows(args, jobs: list, steps: int) -> list:
+    """The DGP runs ``jobs`` (model, seed, method) of ``steps`` steps each, in ``--workers`` processes if above 1."""
+    if args.workers > 1:
+        return parallel_rows(args, jobs, steps)
     rows = []
-    for model in args.dgp_models:
-        fails = []
-        for seed in range(args.stress_seeds):
-            pyro.clear_param_store()
-            hidden = [min(30, X.shape[1])] * {"dgp2": 1, "dgp3": 2}[model]
-            dgp = build_deep_gp(X, hidden, ps.Gaussian(0.05), num_samples=5, seed=seed, num_inducing=100)
-            secs, fail = _run(lambda dgp=dgp, seed=seed: ps.infer.fit(
-                dgp, X, y, num_steps=args.stress_steps, batch_size=1000, lr=0.01, elbo="analytic", seed=seed,
-                progress=False, natgrad_layers="all"))
-            fails += [f"seed {seed}: {fail}"] if fail else []
-        rows.append({"dataset": "kin8nm", "likelihood": model, "method": "nat_all_stress", "seeds": args.stress_seeds,
-                     "steps": args.stress_steps, "failures": len(fails), "failure": "; ".join(fails)})
+    for job in jobs:
+        rows.append(dgp_row(args, *job, steps))
         print(table(rows[-1:], list(rows[-1])), flush=True)
     return rows
 
 
+def stress_rows(args) -> list:
+    """``--stress-seeds S``: DGP 2 and 3 with natural steps on every layer for ``--stress-steps`` steps from seeds
+    ``0 .. S-1`` (the first steps are where the hidden q(u) at 1e-5 of the prior scale is most fragile): one row per
+    model counting the failures (and, under ``--time-limit``, the seeds stopped early and the fewest steps reached)."""
+    runs = kin8nm_rows(args, [(m, seed, "nat_all") for m in args.dgp_models for seed in range(args.stress_seeds)],
+                       args.stress_steps)
+    rows = []
+    for model in args.dgp_models:
+        rs = [r for r in runs if r["likelihood"] == model]
+        fails = [f"seed {r['seed']}: {r['failure']}" for r in rs if r["failure"] not in ("", "stopped")]
+        rows.append({"dataset": "kin8nm", "likelihood": model, "method": "nat_all_stress", "seeds": len(rs),
+                     "steps": args.stress_steps, "min_steps_reached": min((r["steps"] for r in rs), default=0),
+                     "stopped": sum(r["failure"] == "stopped" for r in rs), "failures": len(fails),
+                     "failure": "; ".join(fails)})
+        print(table(rows[-1:], list(rows[-1])), flush=True)
+    return runs + rows
+
+
+def _mean_se(xs) -> tuple:
+    n = len(xs)
+    m = sum(xs) / n
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n) if n > 1 else math.nan)
+
+
 def summary(rows) -> list:
-    """Mean over seeds per (likelihood, method) for the DGP rows."""
+    """Mean (and its standard error over seeds) per (likelihood, method) of the finished DGP runs, and the paired
+    difference ``nat_all - default`` over the seeds that finished both."""
+    done = [r for r in rows if "test_ll" in r]
     out = {}
-    for r in rows:
+    for r in done:
         out.setdefault((r["likelihood"], r["method"]), []).append(r)
     res = []
     for (model, method), rs in out.items():
-        mean = {k: sum(r[k] for r in rs) / len(rs) for k in ("test_ll", "rmse", "train_elbo", "wall_s")}
-        res.append({"model": model, "method": method, "seeds": len(rs), **mean,
+        ll, se = _mean_se([r["test_ll"] for r in rs])
+        mean = {k: sum(r[k] for r in rs) / len(rs) for k in ("rmse", "train_elbo", "wall_s")}
+        res.append({"model": model, "method": method, "seeds": len(rs), "test_ll": ll, "test_ll_se": se, **mean,
                     "failures": sum(bool(r["failure"]) for r in rs)})
+    for model in sorted({r["likelihood"] for r in done}):
+        by = {(r["method"], r["seed"]): r for r in done if r["likelihood"] == model}
+        seeds = sorted(s for (m, s) in by if m == "nat_all" and ("default", s) in by)
+        if seeds:
+            d_ll = _mean_se([by["nat_all", s]["test_ll"] - by["default", s]["test_ll"] for s in seeds])
+            d_b = _mean_se([by["nat_all", s]["train_elbo"] - by["default", s]["train_elbo"] for s in seeds])
+            res.append({"model": model, "method": "nat_all - default", "seeds": len(seeds), "test_ll": d_ll[0],
+                        "test_ll_se": d_ll[1], "train_elbo": d_b[0]})
     return res
 
 
@@ -205,6 +296,10 @@ def main():
     p.add_argument("--dgp-seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--dgp-models", nargs="+", default=["dgp2", "dgp3"])
     p.add_argument("--dgp-methods", nargs="+", choices=list(DGP), default=["default", "nat_all"])
+    p.add_argument("--eval-samples", type=int, default=100, help="also the test LL with this many samples")
+    p.add_argument("--workers", type=int, default=1, help="DGP runs in this many processes (one thread each)")
+    p.add_argument("--time-limit", type=float, default=math.inf, help="stop parallel DGP runs after this (s)")
+    p.add_argument("--progress-every", type=int, default=0, help="a progress line per this many DGP steps")
     args = p.parse_args()
     if args.quick:
         args.steps, args.dgp_steps, args.dgp_seeds, args.dgp_models = [30], 50, [0], ["dgp2"]
@@ -217,12 +312,14 @@ def main():
         print("\n" + table([r for r in rows if r["dataset"] == "digits"],
                            ["likelihood", "method", "steps", "accuracy", "nll", "wall_s", "failure"]))
     if args.part in ("dgp", "all"):
-        dgp = kin8nm_rows(args)
+        jobs = [(model, seed, method) for model in args.dgp_models for seed in args.dgp_seeds
+                for method in args.dgp_methods]
+        dgp = kin8nm_rows(args, jobs, args.dgp_steps)
         rows += dgp
-        print("\n" + table(dgp, ["likelihood", "method", "seed", "steps", "test_ll", "rmse", "train_elbo", "wall_s",
-                                 "failure"]))
-        print("\n" + table(summary(dgp), ["model", "method", "seeds", "test_ll", "rmse", "train_elbo", "wall_s",
-                                          "failures"]))
+        print("\n" + table(dgp, ["likelihood", "method", "seed", "steps", "test_ll", "test_ll_many", "rmse",
+                                 "train_elbo", "noise", "wall_s", "failure"]))
+        print("\n" + table(summary(dgp), ["model", "method", "seeds", "test_ll", "test_ll_se", "rmse", "train_elbo",
+                                          "wall_s", "failures"]))
     if args.part in ("stress", "all"):
         rows += stress_rows(args)
     write_json(args.json, rows)

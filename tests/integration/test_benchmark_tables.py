@@ -2,6 +2,7 @@
 (they once crashed the summary), and the paired deep SOLVE-GP - DGP 2 line reports the training-bound difference
 that separates a worse bound from a worse generalisation. Pure Python on hand-made rows: no training."""
 
+import math
 import sys
 from pathlib import Path
 
@@ -193,22 +194,66 @@ def test_time_to_accuracy_rows_carry_both_gpytorch_ratios_and_the_curve():
     assert rows[0]["ratio_ngd"] == 1.0 and rows[1]["ratio_adam"] == 1.0 and rows[0]["ratio_stay_ngd"] == 1.0
 
 
-def test_natgrad_dgp_rows_run_the_chosen_methods():
+def _dgp_args(**kw):
+    import argparse
+
+    base = dict(dgp_models=["dgp2"], dgp_seeds=[0], dgp_steps=6, dgp_methods=["nat_all", "nat_all_avg"],
+                eval_samples=100, progress_every=0, workers=1, time_limit=math.inf, device="cpu")
+    return argparse.Namespace(**(base | kw))
+
+
+def test_natgrad_dgp_rows_run_the_chosen_methods(capsys):
     """benchmarks/natgrad_nonconjugate.py --part dgp --dgp-methods: a few steps of DGP 2 on kin8nm with natural steps
     on every layer, with and without the iterate average; the rows are the methods asked for, and the average
-    (the same trajectory, the last steps averaged) changes the model."""
-    import argparse
-    import math
-
+    (the same trajectory, the last steps averaged) changes the model. ``--eval-samples`` adds the many-sample test
+    log-likelihood, ``--progress-every`` a line per that many steps."""
     import pyro
 
     nn = _bench("natgrad_nonconjugate")
     pyro.settings.set(module_local_params=True)
-    args = argparse.Namespace(dgp_models=["dgp2"], dgp_seeds=[0], dgp_steps=6, dgp_methods=["nat_all", "nat_all_avg"])
-    rows = nn.kin8nm_rows(args)
+    args = _dgp_args(eval_samples=300, progress_every=3)
+    rows = nn.kin8nm_rows(args, [("dgp2", 0, "nat_all"), ("dgp2", 0, "nat_all_avg")], 6)
     assert [r["method"] for r in rows] == ["nat_all", "nat_all_avg"]
     assert all(r["failure"] == "" and math.isfinite(r["test_ll"]) for r in rows)
     assert rows[0]["train_elbo"] != rows[1]["train_elbo"]
+    # 300 samples against 100: the same mixture, closer to its limit (the 100-sample estimate is biased low)
+    assert all(abs(r["test_ll_many"] - r["test_ll"]) < 0.05 and r["se_max"] > 0 for r in rows)
+    assert capsys.readouterr().out.count("# progress dgp2") == 4  # steps 3 and 6 of each run
+
+
+def test_natgrad_dgp_summary_pairs_the_seeds():
+    """The DGP summary: per-method means with their standard error over seeds, and the paired difference
+    ``nat_all - default`` over the seeds that finished both (a stopped run has no metrics and is left out)."""
+    nn = _bench("natgrad_nonconjugate")
+    rows = [{"likelihood": "dgp3", "method": m, "seed": s, "test_ll": ll, "rmse": 0.1, "train_elbo": b,
+             "wall_s": 1.0, "failure": ""}
+            for m, s, ll, b in [("default", 0, 1.0, -0.3), ("nat_all", 0, 1.1, -0.2), ("default", 1, 2.0, -0.3),
+                                ("nat_all", 1, 1.8, -0.1), ("default", 2, 1.5, -0.3)]]
+    rows.append({"likelihood": "dgp3", "method": "nat_all", "seed": 2, "steps": 40, "failure": "stopped"})
+    out = {r["method"]: r for r in nn.summary(rows)}
+    assert out["default"]["seeds"] == 3 and math.isclose(out["default"]["test_ll"], 1.5)
+    assert math.isclose(out["default"]["test_ll_se"], 0.5 / math.sqrt(3))  # sample sd 0.5 over 3 seeds
+    pair = out["nat_all - default"]
+    assert pair["seeds"] == 2 and math.isclose(pair["test_ll"], -0.05) and math.isclose(pair["train_elbo"], 0.15)
+    assert math.isclose(pair["test_ll_se"], math.sqrt(0.045) / math.sqrt(2))  # differences 0.1, -0.2
+
+
+def test_natgrad_dgp_parallel_runs_match_and_stop(tmp_path, monkeypatch):
+    """``--workers 2``: the runs in processes of the benchmark give the rows of the same runs in this process; with
+    ``--time-limit`` reached before a run starts, every run is reported "stopped" at step 0 (none is lost)."""
+    import pyro
+
+    nn = _bench("natgrad_nonconjugate")
+    pyro.settings.set(module_local_params=True)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    jobs = [("dgp2", 0, "default"), ("dgp2", 1, "nat_all")]
+    stopped = nn.parallel_rows(_dgp_args(workers=2, time_limit=0.0), jobs, 3)
+    assert [(r["seed"], r["steps"], r["failure"]) for r in stopped] == [(0, 0, "stopped"), (1, 0, "stopped")]
+    par = nn.parallel_rows(_dgp_args(workers=2), jobs, 3)
+    here = [nn.dgp_row(_dgp_args(), *job, 3) for job in jobs]
+    for a, b in zip(sorted(par, key=lambda r: r["seed"]), here, strict=True):
+        assert (a["method"], a["seed"], a["failure"]) == (b["method"], b["seed"], "")
+        assert math.isclose(a["train_elbo"], b["train_elbo"], rel_tol=1e-6)
 
 
 def test_svi_natgrad_choices_runs_each_method_on_both_programs():
