@@ -103,12 +103,13 @@ def build_classifier(X, lik: str, M: int = 100, seed: int = 0):
 
 
 def _run(train):
-    """``(seconds, failure)``: run ``train()``, recording a numerical failure or a damping warning."""
+    """``(seconds, failure)``: run ``train(caught)``, recording a numerical failure or a damping warning (``caught``:
+    the list of warnings recorded so far, for progress lines)."""
     t0, failure = time.perf_counter(), ""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NatGradDampingWarning)
         try:
-            train()
+            train(caught)
         except ps.infer.NonFiniteLossError as exc:
             failure = f"NonFiniteLossError at step {exc.step}"
     damped = [w for w in caught if issubclass(w.category, NatGradDampingWarning)]
@@ -124,9 +125,9 @@ def digits_rows(args) -> list:
         pyro.clear_param_store()
         gp = build_classifier(X, lik)
         if method == "ep":
-            secs, fail = _run(lambda gp=gp: ps.infer.fit_ep(gp, X, y, progress=False))
+            secs, fail = _run(lambda _, gp=gp: ps.infer.fit_ep(gp, X, y, progress=False))
         else:
-            secs, fail = _run(lambda gp=gp, m=method, s=steps: ps.infer.fit(
+            secs, fail = _run(lambda _, gp=gp, m=method, s=steps: ps.infer.fit(
                 gp, X, y, num_steps=s, batch_size=len(X), progress=False, **VI[m]))
         with torch.no_grad():
             pred = gp.predict(Xt, full=True)[2]
@@ -158,14 +159,17 @@ def dgp_row(args, model: str, seed: int, method: str, steps: int) -> dict:
     dgp = build_deep_gp(X, hidden, ps.Gaussian(0.05), num_samples=5, seed=seed, num_inducing=100)
     every, t0 = args.progress_every, time.perf_counter()
 
-    def callback(step, loss):
-        if every and step % every == 0:
-            print(f"# progress {model} {method} seed {seed}: step {step}, loss {float(loss):.1f}, "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+    def callback(caught):
+        def progress(step, loss):
+            if every and step % every == 0:
+                damped = sum(issubclass(w.category, NatGradDampingWarning) for w in caught)
+                print(f"# progress {model} {method} seed {seed}: step {step}, loss {float(loss):.1f}, "
+                      f"damped steps {damped}, {time.perf_counter() - t0:.0f} s", flush=True)
+        return progress
 
-    secs, fail = _run(lambda: ps.infer.fit(dgp, X, y, num_steps=steps, batch_size=1000, lr=0.01,
-                                           elbo="analytic", seed=seed, progress=False, callback=callback,
-                                           **DGP[method]))
+    secs, fail = _run(lambda caught: ps.infer.fit(dgp, X, y, num_steps=steps, batch_size=1000, lr=0.01,
+                                                  elbo="analytic", seed=seed, progress=False,
+                                                  callback=callback(caught), **DGP[method]))
     row = {"dataset": "kin8nm", "likelihood": model, "method": method, "seed": seed, "steps": steps}
     with torch.no_grad():
         torch.manual_seed(10_000 + seed)  # the predictive samples, the same for every method
@@ -213,7 +217,9 @@ def parallel_rows(args, jobs: list, steps: int) -> list:
                 rows += json.loads(path.read_text())
             else:  # stopped (or crashed): the steps its progress reached
                 done = [int(m) for m in re.findall(r"step (\d+),", text)]
-                rows.append(_stopped(job, max(done, default=0), "stopped" if late else text[-300:]))
+                damped = any(int(m) for m in re.findall(r"damped steps (\d+),", text))
+                why = ("stopped, damped" if damped else "stopped") if late else text[-300:]
+                rows.append(_stopped(job, max(done, default=0), why))
             print(table(rows[-1:], list(rows[-1])), flush=True)
         if time.time() - t0 > args.time_limit:
             rows += [_stopped(job, 0, "stopped") for job in queue]  # never started
