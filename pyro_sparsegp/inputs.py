@@ -33,7 +33,7 @@ def digits_kept(x: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
     """Significant digits of ``x`` ``[..., N, D]`` relative to each column's spread, ``(before, after)`` a cast to
     ``dtype`` (the worst column): ``log10(spread / (eps * |x|max))`` with the source and the target ``eps``; the
     ``before`` value is capped at what ``dtype`` can hold at all (``-log10(eps_target)``). Columns of constants do
-    not count; ``(inf, inf)`` when no column varies."""
+    not count; ``(inf, inf)`` when no column varies. Input checking: implements no paper equation."""
     if x.numel() == 0 or not x.is_floating_point():
         return math.inf, math.inf
     flat = x.detach().reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.detach().reshape(-1, 1)
@@ -73,7 +73,8 @@ def as_tensor(x, name: str, dtype: torch.dtype | None = None, device=None, float
     """``x`` as a tensor on ``device`` (default: where a tensor is; numpy data and lists on the default device, as
     ``torch.tensor`` puts them, so that under ``torch.set_default_device`` they meet the modules built there):
     floating and boolean data in ``dtype`` (default: the default dtype); integer data too if ``floating``, else kept
-    as integers (labels). Same shape as ``x``. Raises ``TypeError`` naming what was given and how to convert it."""
+    as integers (labels). Same shape as ``x``. Raises ``TypeError`` naming what was given and how to convert it.
+    Input conversion: implements no paper equation."""
     if not isinstance(x, torch.Tensor):
         if hasattr(x, "to_numpy") and not isinstance(x, np.ndarray):  # pandas DataFrame / Series
             x = x.to_numpy()
@@ -106,7 +107,8 @@ def as_tensor(x, name: str, dtype: torch.dtype | None = None, device=None, float
 def as_targets(y: torch.Tensor, N: int, num_outputs: int | None, per_output: bool) -> torch.Tensor:
     """``y`` in the layout a layer takes: ``[..., N]`` for one output or one label per row (``per_output`` False),
     ``[..., N, L]`` for ``L = num_outputs`` element-wise outputs. A single output given as ``[N, 1]`` (the GPflow
-    and scikit-learn column habit) becomes ``[N]``. Raises ``ValueError`` naming ``N`` and ``L``."""
+    and scikit-learn column habit) becomes ``[N]``. Raises ``ValueError`` naming ``N`` and ``L``. Input checking:
+    implements no paper equation."""
     want_cols = num_outputs if per_output else None
     if want_cols is None and y.dim() >= 2 and y.shape[-2:] == (N, 1):
         y = y[..., 0]

@@ -43,7 +43,8 @@ class KeepsOwnName:
     holds a layer as ``self.gp``, or beside a model of this package named ``"gp"``), and under Pyro's global parameter
     store two such models would read and train one set of parameters (the second adopting the first's, even with
     another shape). The name is unique by default (module docstring) and prefixes the module's sample sites too; the
-    parent's Pyro context is shared as Pyro does. No tensors, so shapes do not apply."""
+    parent's Pyro context is shared as Pyro does. No tensors, so shapes do not apply; bookkeeping of names that
+    implements no paper equation."""
 
     def _pyro_set_supermodule(self, name: str, context) -> None:
         super()._pyro_set_supermodule(self.name, context)
@@ -77,7 +78,8 @@ def _holder(name: str):
 
 def unique_name(base: str) -> str:
     """``base`` if no live module holds it, else ``base_2``, ``base_3``, ... (the first free one). Modules that are
-    only waiting for the garbage collector do not count (one ``gc.collect()`` before a suffix is given)."""
+    only waiting for the garbage collector do not count (one ``gc.collect()`` before a suffix is given). Strings,
+    not tensors, so shapes do not apply; implements no paper equation."""
     if _holder(base) is not None:
         gc.collect()
     if _holder(base) is None:
@@ -90,14 +92,16 @@ def unique_name(base: str) -> str:
 
 def register_name(module, name: str) -> None:
     """Record that ``module`` holds ``name`` (for :func:`unique_name`) without touching Pyro's parameter store: for
-    modules whose name prefixes only a plate or sites, not parameters (a ``DeepGP``)."""
+    modules whose name prefixes only a plate or sites, not parameters (a ``DeepGP``). No tensors, so shapes do not
+    apply; implements no paper equation."""
     _LIVE[name] = weakref.ref(module)
 
 
 def claim_name(module, name: str) -> None:
     """Record that ``module`` holds ``name``. Under Pyro's global parameter store, a live earlier holder is marked
     superseded (it raises at its next use) and the store's ``<name>.*`` entries are dropped, with a warning; entries
-    left by a module that no longer exists are dropped silently (they would be adopted, even with another shape)."""
+    left by a module that no longer exists are dropped silently (they would be adopted, even with another shape).
+    Implements no paper equation."""
     if _holder(name) is not None and _holder(name) is not module:
         gc.collect()  # (holding no reference to it here: a module waiting for the collector does not count)
     old = _holder(name)
@@ -120,7 +124,8 @@ def claim_name(module, name: str) -> None:
 
 
 def check_not_superseded(module) -> None:
-    """Raise ``RuntimeError`` if a newer module took over ``module``'s name in Pyro's global parameter store."""
+    """Raise ``RuntimeError`` if a newer module took over ``module``'s name in Pyro's global parameter store. No
+    tensors, so shapes do not apply; implements no paper equation."""
     name = module.__dict__.get("_psgp_superseded")
     if name is not None:
         raise RuntimeError(

@@ -49,6 +49,8 @@ class Progress:
     :param float every: fraction of the run between two lines (line mode).
     :param float seconds: the most seconds between two lines (line mode).
     :param str metric: the name shown beside the value given to :meth:`update` (``"elbo"``; EP: ``"log Z"``).
+
+    No tensors, so shapes do not apply; reporting only, it implements no paper equation.
     """
 
     def __init__(self, total: int, initial: int = 0, enabled: bool = True, desc: str = "fit", mode: str = "auto",
@@ -90,7 +92,8 @@ class Progress:
         warnings.showwarning = showwarning
 
     def update(self, n: int, elbo: float | None = None) -> None:
-        """``n`` more steps are done; ``elbo``: the running ELBO estimate to show."""
+        """``n`` more steps are done; ``elbo``: the running ELBO estimate to show. Python numbers, not tensors, so
+        shapes do not apply."""
         if not self.enabled:
             return
         self.step += n
@@ -120,7 +123,7 @@ class Progress:
 
     def close(self) -> None:
         """Close the bar (and give ``warnings.showwarning`` back); in line mode, write the last line if it is not
-        written yet."""
+        written yet. No tensors, so shapes do not apply."""
         bar, self._bar = self._bar, None
         if bar is not None:
             bar.close()

@@ -45,7 +45,7 @@ def layer_arguments(kernel, Z, likelihood, num_outputs, integrate_f, jitter, mea
     array or list: inducing points ``[(L,) M, D]``), ``num_outputs`` inferred from a multi-class likelihood,
     ``integrate_f`` defaulting to ``True`` for a likelihood that is piecewise constant in ``f`` (whose sampled ``f``
     site carries no gradient: ``False`` warns), and one set of inducing variables per output only with ``L``
-    outputs. Raises ``ValueError`` naming the offending shapes."""
+    outputs. Raises ``ValueError`` naming the offending shapes. Argument checks: implements no paper equation."""
     if not isinstance(Z, ind.InducingVariables) and not torch.is_tensor(Z):
         Z = as_tensor(Z, "Z")  # numpy, lists, pandas (pyro_sparsegp.inputs), in the default dtype
     num_outputs = _outputs_for(likelihood, num_outputs)
@@ -77,7 +77,8 @@ def layer_arguments(kernel, Z, likelihood, num_outputs, integrate_f, jitter, mea
 def named_data_plate(name: str, N: int, subsample_size, num_data, device):
     """The data plate ``"<name>.data"`` (``dim=-1``) over ``N`` rows: a minibatch of ``subsample_size`` drawn by the
     plate, or (``num_data``) the ``N`` given rows standing for a data set of ``num_data`` (the likelihood is scaled by
-    ``num_data / N``). The minibatch estimate of Hensman, Fusi, Lawrence 2013, section 3.1."""
+    ``num_data / N``). The minibatch estimate of Hensman, Fusi, Lawrence 2013, section 3.1. The sites under it are
+    ``[..., B]`` (``[..., L, B]`` inside the outputs plate, ``dim=-2``), ``B`` the rows drawn."""
     if num_data is None:
         return data_plate(f"{name}.data", N, subsample_size=subsample_size, dim=-1, device=device)
     return data_plate(f"{name}.data", num_data, subsample=torch.arange(N, device=device), dim=-1)
@@ -98,7 +99,8 @@ def qf_points(layer, X: torch.Tensor):
     """``layer.qf(X)`` for sample-batched inputs ``[..., 1, B, D]``, computed on the points flattened to
     ``[P B, D]``: the marginals are point-wise, and one ``[M, P B]`` projection is one large BLAS call instead of
     ``P`` broadcast ones (the inducing inputs, shared by the samples, are never expanded). Same values and shapes
-    (``[..., L, B]`` or ``[..., 1, B]``) as ``layer.qf(X)``."""
+    (``[..., L, B]`` or ``[..., 1, B]``) as ``layer.qf(X)``: the diagonal of ``q(f)``, Hensman, Matthews, Ghahramani
+    2015, eq. 19."""
     if X.dim() <= 2 or X.shape[-3] != 1:
         return layer.qf(X)
     lead, B = X.shape[:-3], X.shape[-2]
@@ -131,7 +133,11 @@ def sample_marginal(layer, X: torch.Tensor, num_samples: int | None = None) -> t
 
 class LayerData:
     """Mixin of the layers: their plates, their inputs' checks and the mean function laid out like ``f``. Expects
-    ``name``, ``num_outputs``, ``kernel``, ``inducing``, ``likelihood`` and ``mean_function`` on the layer."""
+    ``name``, ``num_outputs``, ``kernel``, ``inducing``, ``likelihood`` and ``mean_function`` on the layer. Inputs
+    ``X`` ``[..., B, D]``, ``f`` ``[..., B]`` or ``[..., L, B]``. The data plate scales a minibatch's likelihood to
+    the whole data set, the stochastic estimate of the sum over points of Hensman, Fusi, Lawrence 2013, eq. 4
+    (section 3.1; Hensman, Matthews, Ghahramani 2015, eq. 21, for any likelihood); the rest is plumbing that
+    implements no paper equation."""
 
     # -- the hidden-layer protocol of DeepGP (pyro_sparsegp.layers.deep.LAYER_PROTOCOL) ------------------------------
     @property
@@ -141,8 +147,8 @@ class LayerData:
 
     @property
     def output_dim(self):
-        """``L``, the features this layer gives the next one (``None`` for a single output without ``num_outputs``:
-        such a layer cannot be hidden)."""
+        """``L``, the features this layer gives the next one, whose inputs are ``[..., B, L]`` (``None`` for a single
+        output without ``num_outputs``: such a layer cannot be hidden)."""
         return self.num_outputs
 
     def as_next_inputs(self, f: torch.Tensor) -> torch.Tensor:
@@ -150,12 +156,14 @@ class LayerData:
         return as_inputs(f, self.num_outputs)
 
     def propagate_marginal(self, X: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
-        """A reparameterised draw from the marginals of ``q(f)`` at ``X`` laid out as the next layer's inputs
-        (:func:`~pyro_sparsegp.layers.deep_prediction.sample_marginal`; Salimbeni & Deisenroth 2017, eq. 7)."""
+        """A reparameterised draw from the marginals of ``q(f)`` at ``X`` ``[..., B, D]`` laid out as the next
+        layer's inputs ``[..., 1, B, L]`` (:func:`sample_marginal`, which gives the shapes; Salimbeni & Deisenroth
+        2017, eq. 7)."""
         return sample_marginal(self, X, num_samples)
 
     def clear_cache(self) -> None:
-        """Drop the strategy's cached factors (after a closed-form bound or a prediction)."""
+        """Drop the strategy's cached factors (after a closed-form bound or a prediction). No tensors, so shapes do
+        not apply."""
         self.strategy.clear()
 
     def outputs_plate(self):

@@ -117,16 +117,17 @@ class ConvLayer(PyroModule):
     # -- the hidden-layer protocol of DeepGP (pyro_sparsegp.layers.deep.LAYER_PROTOCOL) ------------------------------
     @property
     def input_dim(self) -> int:
-        """``H*W*C_in``, the features of a flattened input feature map."""
+        """``H*W*C_in``, the features of a flattened input feature map ``X`` ``[..., B, H*W*C_in]``."""
         return math.prod(self.image_shape)
 
     @property
     def strategy(self):
-        """The variational strategy of the GP over patches (its ``sites`` name the layer's sample sites)."""
+        """The variational strategy of the GP over patches (its ``sites`` name the layer's sample sites). An
+        object, not a tensor, so shapes do not apply."""
         return self.gp.strategy
 
     def clear_cache(self) -> None:
-        """Drop the cached factors of the GP over patches."""
+        """Drop the cached factors of the GP over patches. No tensors, so shapes do not apply."""
         self.gp.strategy.clear()
 
     @pyro_method
@@ -172,7 +173,8 @@ class ConvLayer(PyroModule):
 
     @torch.no_grad()
     def sample_marginal(self, X: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
-        """:meth:`propagate_marginal` without gradients (for prediction)."""
+        """:meth:`propagate_marginal` without gradients (for prediction), with its shapes (e.g. ``[B, P_out*C_out]``
+        from ``X`` ``[B, H*W*C_in]``)."""
         out = self.propagate_marginal(X, num_samples)
         self.clear_cache()
         return out
@@ -214,5 +216,5 @@ class DeepConvGP(DeepGP):
 
     @property
     def output(self) -> SVGP:
-        """The output layer (``self.last``)."""
+        """The output layer (``self.last``). A module, not a tensor, so shapes do not apply."""
         return self.last

@@ -12,7 +12,9 @@ __all__ = ["DeepPrediction"]
 
 class DeepPrediction:
     """Mixin of :class:`~pyro_sparsegp.layers.deep.DeepGP`: the predictive mixture's components, its test
-    log-likelihood and class probabilities. ``batch_size`` rows of ``X`` at a time (``None``: all at once)."""
+    log-likelihood and class probabilities. ``batch_size`` rows of ``X`` at a time (``None``: all at once). The
+    mixture of ``S`` Gaussians of Salimbeni & Deisenroth 2017 (samples propagated through the hidden layers'
+    marginals). ``X`` ``[N, D]``; components ``[S, N]`` or ``[S, N, L]``."""
 
     def _targets(self, y):
         if y is not None and self.last.num_outputs is not None and self.likelihood.latent_dim == 1:
@@ -20,7 +22,7 @@ class DeepPrediction:
         return y
 
     def clear_cache(self) -> None:
-        """Drop every layer's cached factors."""
+        """Drop every layer's cached factors. No tensors, so shapes do not apply."""
         for layer in self._stack:
             layer.clear_cache()
 

@@ -1,5 +1,6 @@
 """Prediction of a layer from its strategy: marginals of ``q(f*)`` in bounded chunks, the full covariance, joint
-draws (Hensman, Fusi, Lawrence 2013, eq. 7 at test inputs; Shi, Titsias, Mnih 2020, eqs. 37-38 for SOLVE-GP)."""
+draws (Hensman, Matthews, Ghahramani 2015, eq. 19 at test inputs, section 4; Shi, Titsias, Mnih 2020, eqs. 37-38
+for SOLVE-GP)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ __all__ = ["Prediction"]
 
 class Prediction:
     """Mixin of the layers: :meth:`predict`, :meth:`qf_full` and :meth:`sample_posterior`, over the layer's
-    ``strategy``, ``qf`` and mean function."""
+    ``strategy``, ``qf`` and mean function. The predictive ``q(f*) = ∫ p(f* | u) q(u) du`` of Hensman, Matthews,
+    Ghahramani 2015, section 4 (eqs. 23-25; SOLVE-GP: Shi, Titsias, Mnih 2020, appendix D.2, eqs. 37-38). ``X``
+    ``[..., N, D]``; marginals ``[..., N]`` or ``[..., N, L]``."""
 
     @layer_method
     @torch.no_grad()
@@ -45,7 +48,7 @@ class Prediction:
     def qf_full(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Mean ``[..., (L,) N]`` and full covariance ``[..., (L,) N, N]`` of :math:`q(f^*)` at ``X [N, D]``:
         :math:`K_{**} - W^T W + A^T S A` with :math:`W = L_{uu}^{-1} K_{u*}` and :math:`A = W` (whitened) or
-        :math:`L_{uu}^{-T} W` (Hensman, Fusi, Lawrence 2013, eq. 7, at test inputs), summed over the strategy's
+        :math:`L_{uu}^{-T} W` (Hensman, Matthews, Ghahramani 2015, eq. 19, at test inputs), summed over the strategy's
         sets of inducing variables (SOLVE-GP: ``u`` and ``v⊥``, eqs. 37-38)."""
         Xk = self.strategy.align(X)
         terms, proj = self.strategy.full_terms(X)

@@ -51,10 +51,12 @@ __all__ = ["SOLVEGP", "OrthogonalInputs"]
 
 class OrthogonalInputs:
     """``O``, the orthogonal inducing inputs (or patches) ``[(L,) M2, d]`` of a layer with an ``orthogonal``
-    inducing variable (SOLVE-GP, ODVGP): ``self.orthogonal.Z`` under the papers' name."""
+    inducing variable (SOLVE-GP, ODVGP): ``self.orthogonal.Z`` under the papers' name (Shi, Titsias, Mnih 2020,
+    section 3.3)."""
 
     @property
     def O(self) -> torch.Tensor:  # noqa: E743 (the paper's name)
+        """The orthogonal inducing inputs ``[(L,) M2, d]`` (``self.orthogonal.Z``); settable and deletable."""
         return self.orthogonal.Z
 
     @O.setter

@@ -21,7 +21,7 @@ class XKey:
     given by :func:`take`; in a hand-written program it does not), so two keys are equal when they hold the same
     tensor at the same version, carry the same tag, or hold equal values (``torch.equal``: ``O(B D)``, nothing
     beside the ``O(M^2 B)`` that a cache hit saves). Only the entries of one input live in the cache at a time, so
-    this is never ambiguous. ``X`` any shape ``[..., B, D]``."""
+    this is never ambiguous. ``X`` any shape ``[..., B, D]``. Bookkeeping: implements no paper equation."""
 
     __slots__ = ("x", "version", "tag", "_hash")
 
@@ -45,7 +45,7 @@ class XKey:
 
 def take(X: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """The minibatch ``X[..., idx, :]`` ``[..., B, D]``, tagged with ``(X, idx)`` so that the guide's and the model's
-    minibatches have equal :class:`XKey` s without comparing values."""
+    minibatches have equal :class:`XKey` s without comparing values. Bookkeeping: implements no paper equation."""
     Xb = X[..., idx, :]
     Xb._psgp_key = (id(X), X._version, tuple(X.shape), id(idx))
     return Xb
@@ -53,7 +53,8 @@ def take(X: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 class FactorCache:
     """A one-shot dictionary: :meth:`once` computes an entry and keeps it (the guide, ``consume=False``) or takes a
-    matching entry out (the model, ``consume=True``). Holds tensors of any shape."""
+    matching entry out (the model, ``consume=True``). Holds tensors of any shape. Bookkeeping: it spares the model
+    a second factorisation of what the guide computed, and implements no paper equation."""
 
     __slots__ = ("entries",)
 
@@ -64,7 +65,8 @@ class FactorCache:
         """The entry for ``key``: popped if ``consume`` and present, else ``compute()``; kept when not ``consume``
         (``reset=True``: the cache then holds this entry only, as for the factors of ``Kuu``, which every later
         entry of the same evaluation shares). ``leave=True``: a consumer that computed the entry itself leaves it
-        for the next consumer of the same program (the model's prior, computed before the model's factors)."""
+        for the next consumer of the same program (the model's prior, computed before the model's factors).
+        Returns what ``compute`` returns, of any shape: the cache neither reads nor changes shapes."""
         if consume and key in self.entries:
             return self.entries.pop(key)
         out = compute()
@@ -78,11 +80,13 @@ class FactorCache:
         return out
 
     def put(self, entries: dict) -> None:
-        """Replace the cache by ``entries`` (factors computed together, left for several consumers)."""
+        """Replace the cache by ``entries`` (factors computed together, left for several consumers), kept as given:
+        the cache neither reads nor changes their shapes."""
         self.entries = dict(entries)
 
     def clear(self) -> None:
-        """Drop every entry (after a closed-form bound or a prediction, so no factor outlives its evaluation)."""
+        """Drop every entry (after a closed-form bound or a prediction, so no factor outlives its evaluation). No
+        tensors, so shapes do not apply."""
         self.entries = {}
 
     def __contains__(self, key) -> bool:

@@ -34,7 +34,9 @@ CVV_ADVICE = (
 
 
 class OrthogonalStrategy(Strategy):
-    """``q(u) q(v⊥)`` over the layer's ``inducing`` (``u``, base strategy) and ``orthogonal`` (``v⊥``) variables.
+    """``q(u) q(v⊥)`` over the layer's ``inducing`` (``u``, base strategy) and ``orthogonal`` (``v⊥``) variables
+    (SOLVE-GP, Shi, Titsias, Mnih 2020, section 3). ``u`` ``[..., M]`` and ``v⊥`` ``[..., M2]`` (``[..., L, 1, M]``,
+    ``[..., L, 1, M2]`` for ``L`` outputs); the factors' shapes are in the module docstring.
     ``odvgp=True``: ``q(v⊥)`` has the prior's covariance (``S_v = C_vv``; only ``m_v`` is learnt), section 3.3."""
 
     sites = ("u", "v")
@@ -74,7 +76,8 @@ class OrthogonalStrategy(Strategy):
 
     @in_layer
     def joint_chol(self, consume: bool):
-        """``(Luu, Lc, A)`` (:meth:`joint_factors`); cached like :meth:`factors`, which also leaves them."""
+        """``(Luu, Lc, A)`` (:meth:`joint_factors`), ``[(L,) M, M]``, ``[(L,) M2, M2]``, ``[(L,) M, M2]``; cached
+        like :meth:`factors`, which also leaves them."""
         return self.cache.once(("chol2", self.key()), consume, self.joint_factors, reset=True)
 
     def luu(self, consume: bool) -> torch.Tensor:
@@ -82,7 +85,8 @@ class OrthogonalStrategy(Strategy):
 
     @in_layer
     def factors(self, X, consume):
-        """``(Luu, Lc, B, D, kff_diag)`` with ``B = Luu^{-1} Kuf``, ``D = Lc^{-1}(Kvf - A^T B)`` (algorithm 1)."""
+        """``(Luu, Lc, B, D, kff_diag)`` with ``B = Luu^{-1} Kuf``, ``D = Lc^{-1}(Kvf - A^T B)`` (algorithm 1) at
+        ``X`` ``[..., B, D]``: shapes as in the module docstring, ``kff_diag`` ``[..., (1,) B]``."""
         key = ("stats", XKey(X), self.key())
         if consume and key in self.cache:
             return self.cache.entries.pop(key)
@@ -133,14 +137,15 @@ class OrthogonalStrategy(Strategy):
 
     # -- p(f | u, v⊥) and q(f) ----------------------------------------------------------------------------------------
     def perp_moments(self, stats, v):
-        """Mean and variance of ``p⊥(f⊥ | v⊥)`` (the variance is also that of ``p(f | u, v⊥)``)."""
+        """Mean and variance of ``p⊥(f⊥ | v⊥)`` (the variance is also that of ``p(f | u, v⊥)``), each ``[..., B]``
+        or ``[..., L, B]``, from ``stats`` (:meth:`factors`) and ``v`` ``[..., M2]`` or ``[..., L, 1, M2]``."""
         Luu, Lc, B, D, kdiag = stats
         loc = cond.conditional_loc(v, D, None if self.whiten else Lc)
         return loc, cond.clamp_var(kdiag - B.pow(2).sum(-2) - D.pow(2).sum(-2)).expand_as(loc)
 
     def moments(self, X, uv, consume):
-        """Mean (no mean function) and variance of ``p(f | u, v⊥)`` at ``X``: ``Kfu Kuu⁻¹ u`` plus
-        :meth:`perp_moments` (eqs. 4-5)."""
+        """Mean (no mean function) and variance of ``p(f | u, v⊥)`` at ``X`` ``[..., B, D]``, each ``[..., B]`` or
+        ``[..., L, B]``: ``Kfu Kuu⁻¹ u`` plus :meth:`perp_moments` (eqs. 4-5); ``uv = (u, v)``."""
         u, v = uv
         stats = self.factors(X, consume)
         loc_perp, var = self.perp_moments(stats, v)
@@ -153,7 +158,8 @@ class OrthogonalStrategy(Strategy):
         return cond.conditional_loc(u, B, None if self.whiten else Luu)
 
     def orthogonal_conditional(self, X, v, consume=False):
-        """``p⊥(f⊥ | v⊥)`` at ``X`` (marginals), built by the guide and taken by the model."""
+        """``p⊥(f⊥ | v⊥)`` at ``X`` (marginals), batch shape ``[..., B]`` or ``[..., L, B]``, built by the guide and
+        taken by the model."""
         from ..distributions.kl import ConditionalNormal
 
         def compute():

@@ -36,7 +36,7 @@ class Factors:
     ``[..., (L|1,) M, B]``, ``kdiag`` (``diag Kff``, ``[..., (1,) B]``) and the projection ``W = Luu^{-1} Kuf``,
     formed on first use by :func:`~pyro_sparsegp.linalg.project_chol` (the marginals of ``q(f)`` do not need it:
     :func:`~pyro_sparsegp.linalg.whitened_marginals` forms it inside a fused function). Unpacks as
-    ``(Luu, W, kdiag)``."""
+    ``(Luu, W, kdiag)``. These are the terms of ``p(f | u)`` (Hensman, Fusi, Lawrence 2013, eq. 2)."""
 
     __slots__ = ("Kuu", "Luu", "Kuf", "kdiag", "_W")
 
@@ -56,7 +56,9 @@ class Factors:
 
 class Strategy:
     """``q(u) = N(m, S)`` over one set of inducing variables ``u`` (``M`` per output), prior ``N(0, Kuu)``
-    (``N(0, I)`` on ``Luu^{-1} u`` when the layer whitens). Its sample sites are named ``sites = ("u",)``."""
+    (``N(0, I)`` on ``Luu^{-1} u`` when the layer whitens): the SVGP of Hensman, Fusi, Lawrence 2013, section 3 and
+    Hensman, Matthews, Ghahramani 2015, section 4. ``m`` ``[(L,) M]``, ``S`` ``[(L,) M, M]``; the other shapes are
+    in the module docstring. Its sample sites are named ``sites = ("u",)``."""
 
     sites = ("u",)
 
@@ -68,14 +70,18 @@ class Strategy:
     # -- the layer's pieces, read when used -------------------------------------------------------------------------
     @property
     def whiten(self) -> bool:
+        """The layer's ``whiten`` flag: when set, ``q`` and the prior ``N(0, I)`` are over ``Luu^{-1} u``. A bool,
+        so shapes do not apply."""
         return self.layer.whiten
 
     @property
     def num_outputs(self):
+        """``L``, the layer's outputs: ``f`` ``[..., L, B]``; ``None`` for a single output (``f`` ``[..., B]``)."""
         return self.layer.num_outputs
 
     def key(self) -> tuple:
-        """The parameter part of a cache key (storage, versions, sampled hyperparameters: ``values_key``)."""
+        """The parameter part of a cache key (storage, versions, sampled hyperparameters: ``values_key``). A
+        tuple of identities and versions, not a tensor, so shapes do not apply."""
         return values_key(self.layer)
 
     def align(self, X: torch.Tensor) -> torch.Tensor:
@@ -91,7 +97,8 @@ class Strategy:
         return [self.layer.q_u]
 
     def clear(self) -> None:
-        """Drop the cached factors (after a closed-form bound or a prediction)."""
+        """Drop the cached factors (after a closed-form bound or a prediction). No tensors, so shapes do not
+        apply."""
         self.cache.clear()
 
     # -- covariances, computed once per ELBO evaluation -------------------------------------------------------------
@@ -158,7 +165,7 @@ class Strategy:
 
     def site_distributions(self, guide: bool) -> list:
         """The distributions of the sites :attr:`sites`, in order: ``q`` (guide) or the prior (model, which takes
-        the factor that the guide left)."""
+        the factor that the guide left); batch shape ``()`` or ``[L, 1]``, event shape ``[M]``."""
         if guide:
             return [self.posterior()]
         return [self.prior(None if self.whiten else self.kuu_chol(consume=True, leave=True)[1])]
@@ -202,7 +209,7 @@ class Strategy:
     def full_terms(self, X: torch.Tensor):
         """``([(W, m, S^{1/2}, L or None)], [W])``: each set of inducing variables' projection ``[(L|1,) M, N]``,
         mean, scale and (un-whitened) prior factor, and the projections whose Gram matrices the prior covariance
-        loses (the full covariance of ``q(f*)``, Hensman, Fusi, Lawrence 2013, eq. 7)."""
+        loses (the full covariance of ``q(f*)``, Hensman, Matthews, Ghahramani 2015, eq. 19)."""
         Luu, W, _ = self.factors(X, consume=False)
         q = self.layer.q_u
         return [(W, q.u_loc, q.u_scale_tril, None if self.whiten else Luu)], [W]

@@ -94,7 +94,8 @@ def solvegp_joint_natgrad_from_grads_(gp, lr: float, retraction: bool = False) -
 
 def natgrad_pairs(module, families) -> list:
     """The SOLVE-GP layers of ``module`` whose ``q(u)`` and ``q(v⊥)`` are both in ``families``: ``fit`` steps
-    their means jointly (:func:`solvegp_joint_natgrad_from_grads_`) and the other families alone."""
+    their means jointly (:func:`solvegp_joint_natgrad_from_grads_`, on the SOLVE-GP bound of Shi, Titsias, Mnih
+    2020, eq. 8) and the other families alone. Modules, not tensors, so shapes do not apply."""
     ids = {id(q) for q in families}
     return [m for m in module.modules()
             if isinstance(getattr(m, "strategy", None), OrthogonalStrategy) and m.strategy.layer is m
@@ -103,7 +104,9 @@ def natgrad_pairs(module, families) -> list:
 
 def set_natgrad_probes(pairs) -> None:
     """Give each SOLVE-GP layer in ``pairs`` a zero probe ``[(L,) M, M2]`` that requires a gradient (before the
-    forward pass of a natural-gradient step); :func:`clear_natgrad_probes` removes them."""
+    forward pass of a natural-gradient step); :func:`clear_natgrad_probes` removes them. The probe's gradient is
+    the cross block ``H_uv`` of the Hessian of the loss (the negative SOLVE-GP bound, Shi, Titsias, Mnih 2020,
+    eq. 8) in the means ``(m_u, m_v)``."""
     for gp in pairs:
         Lu = gp.q_u.u_scale_tril
         C = torch.zeros(Lu.shape[:-1] + (gp.q_v.u_loc.shape[-1],), dtype=Lu.dtype, device=Lu.device)
@@ -111,7 +114,8 @@ def set_natgrad_probes(pairs) -> None:
 
 
 def clear_natgrad_probes(pairs) -> None:
-    """Remove the probes that :func:`set_natgrad_probes` gave (after the natural-gradient step)."""
+    """Remove the probes that :func:`set_natgrad_probes` gave (after the natural-gradient step on the SOLVE-GP
+    bound, Shi, Titsias, Mnih 2020, eq. 8). No tensors, so shapes do not apply."""
     for gp in pairs:
         gp.strategy.cross_probe = None
 
