@@ -29,7 +29,7 @@ import pyro_sparsegp  # noqa: E402
 SHAPE = re.compile(r"``[^`]*\[[^`\]]*\][^`]*``|``\(\)``|\[\.\.\.|shape|broadcast", re.I)
 CITE = re.compile(
     r"eq\.|eqs\.|equation|section|algorithm|appendix|Hensman|Titsias|Shi|Wenzel|Polson|Villacampa|Hernández|"
-    r"Jaakkola|Salimbeni|Snelson|Matthews|Durante",
+    r"Jaakkola|Salimbeni|Snelson|Matthews|Durante|van der Wilk|Hoffman",
     re.I,
 )
 # infrastructure that implements no paper equation: shapes are required, a citation is not

@@ -107,7 +107,8 @@ def check_precision(x: torch.Tensor, name: str) -> None:
 
 
 def check_positive_int(value, name: str, allow_none: bool = True) -> None:
-    """A ``ValueError`` unless ``value`` is an integer >= 1 (or ``None`` where allowed); no tensors."""
+    """A ``ValueError`` unless ``value`` is an integer >= 1 (or ``None`` where allowed); no tensors, so shapes do not
+    apply."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:

@@ -173,7 +173,7 @@ class StepGuard:
     def after_update(self) -> None:
         """After a step's update: with deferred checks, a full window folds the flags that the update raised (a
         natural step to damp, a failed factorisation) into its last row and syncs (the CPU syncs in
-        :meth:`record`, before the update)."""
+        :meth:`record`, before the update). No tensor arguments or results, so shapes do not apply."""
         if self.due:
             self.due = False
             last = self.pending[-1]

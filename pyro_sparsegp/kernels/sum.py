@@ -32,7 +32,8 @@ def _part_diag(kernel, X: torch.Tensor) -> torch.Tensor:
 
 
 class SumKernel(PyroModule):
-    """``k_f = sum_k k_k``: the kernel of a sum of independent GPs (module docstring).
+    """``k_f = sum_k k_k``: the kernel of a sum of independent GPs (module docstring; van der Wilk et al. 2017's
+    "wconv + RBF" model is one).
 
     :param kernels: two or more kernels on the same ``D`` input features (Pyro kernels, convolutional kernels).
 

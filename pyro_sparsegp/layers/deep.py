@@ -64,7 +64,8 @@ LAYER_PROTOCOL = ("name", "input_dim", "output_dim", "sample_u", "sample_hidden"
 
 def check_layer(i: int, layer, nxt) -> None:
     """Raise unless ``layer`` (number ``i``) can be a hidden layer feeding ``nxt``: it speaks
-    :data:`LAYER_PROTOCOL`, has no likelihood, and gives as many features as ``nxt`` takes."""
+    :data:`LAYER_PROTOCOL`, has no likelihood, and gives as many features as ``nxt`` takes. Modules, not tensors,
+    so shapes do not apply; argument checks: implements no paper equation."""
     missing = [a for a in LAYER_PROTOCOL if not hasattr(type(layer), a) and not hasattr(layer, a)]
     if missing:
         raise TypeError(f"layer {i} is a {type(layer).__name__}, which lacks {missing} of the hidden-layer protocol "
@@ -144,7 +145,9 @@ class DeepGP(DeepPrediction, PyroModule):
     def natgrad_families(self) -> list:
         """The variational families that natural-gradient steps should train by default: the last layer's only
         (Salimbeni et al. 2018 found natural gradients on inner layers unstable), i.e. its ``q(u)`` and, for a
-        SOLVE-GP last layer, its full-covariance ``q(v⊥)`` too. A list of modules."""
+        SOLVE-GP last layer, its full-covariance ``q(v⊥)`` too. A list of modules (``u_loc [..., M]``,
+        ``u_scale_tril [..., M, M]``). Here natural steps on every layer (``fit(natgrad_layers="all")``) did not fail
+        but ended with a lower test log-likelihood on kin8nm (:mod:`~pyro_sparsegp.infer.natgrad_options`)."""
         return self.last.strategy.natgrad_families()
 
     def check_inputs(self, X, y=None):
