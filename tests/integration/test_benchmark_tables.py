@@ -250,7 +250,12 @@ def test_natgrad_dgp_parallel_runs_match_and_stop(tmp_path, monkeypatch):
     stopped = nn.parallel_rows(_dgp_args(workers=2, time_limit=0.0), jobs, 3)
     assert [(r["seed"], r["steps"], r["failure"]) for r in stopped] == [(0, 0, "stopped"), (1, 0, "stopped")]
     par = nn.parallel_rows(_dgp_args(workers=2), jobs, 3)
-    here = [nn.dgp_row(_dgp_args(), *job, 3) for job in jobs]
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the benchmark's (its processes set it), also in the float32 suite
+    try:
+        here = [nn.dgp_row(_dgp_args(), *job, 3) for job in jobs]
+    finally:
+        torch.set_default_dtype(dtype)
     for a, b in zip(sorted(par, key=lambda r: r["seed"]), here, strict=True):
         assert (a["method"], a["seed"], a["failure"]) == (b["method"], b["seed"], "")
         assert math.isclose(a["train_elbo"], b["train_elbo"], rel_tol=1e-6)
