@@ -210,8 +210,11 @@ def parallel_rows(args, jobs: list, steps: int) -> list:
             late = time.time() - t0 > args.time_limit
             if proc.poll() is None and not late:
                 continue
-            proc.kill() if late else None
-            proc.wait(), log.close(), running.pop(job)
+            if late:
+                proc.kill()
+            proc.wait()
+            log.close()
+            running.pop(job)
             text = path.with_suffix(".log").read_text()
             if path.exists():
                 rows += json.loads(path.read_text())

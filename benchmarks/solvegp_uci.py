@@ -44,11 +44,12 @@ quiet machine: SVGP M takes 15.7 ms and the ``M2`` part 13, 20 and 35 ms at 4M, 
 and the exponential of the Matérn kernel, 1.8 ns each per entry in float64 on this CPU and computed in the forward
 pass and again in the backward one, are half; under 1.3x at 8M -> 16M would need the ``M2`` part at 8M under
 7 ms). On an H100 (``--device cuda``, float64): at M = 128, 1.09 and 1.22 (29.3, 32.0 and 38.9 ms against SVGP M's
-17.3); at M = 1024, 1.01 and 1.01 (25.6, 25.7 and 26.0 ms against 17.2) with large blocks on a GPU, where the
-CPU's cache-sized blocks had given 1.59 and 1.69 (64.8 to 174 ms; docs/gpu.md). On a 2-core CPU the full protocol (6 datasets x 5 splits x 100 epochs x 4 models at
-M = 1024) takes days; ``--datasets/--splits/--epochs/--M/--max-train`` say what was run and every JSON row records
-it. ``--quick`` is a reduced protocol: kin40k, 1 split, M = 128 (+ 128), 50 epochs on 5,000 training points.
-``--estimate`` times a few steps of each model per dataset and prints the projected time of the chosen protocol.
+17.3); at M = 1024, 1.01 and 1.01 (25.6, 25.7 and 26.0 ms against 17.2) with large blocks on a GPU, where the CPU's
+cache-sized blocks had given 1.59 and 1.69 (64.8 to 174 ms; docs/gpu.md). On a 2-core CPU the full protocol (6 datasets
+x 5 splits x 100 epochs x 4 models at M = 1024) takes days; ``--datasets/--splits/--epochs/--M/--max-train`` say what
+was run and every JSON row records it. ``--quick`` is a reduced protocol: kin40k, 1 split, M = 128 (+ 128), 50 epochs on
+5,000 training points. ``--estimate`` times a few steps of each model per dataset and prints the projected time of the
+chosen protocol.
 """
 from __future__ import annotations
 
