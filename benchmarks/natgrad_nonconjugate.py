@@ -3,7 +3,7 @@ items 3-4). Prints a table and writes JSON rows keyed by ``dataset``/``likelihoo
 
     python benchmarks/natgrad_nonconjugate.py [--part digits|dgp|all] [--steps 100 300] [--dgp-steps 1000]
                                               [--dgp-seeds 0 1] [--dgp-models dgp2 dgp3]
-                                              [--dgp-methods default nat_all nat_all_avg] [--json PATH]
+                                              [--dgp-methods default nat_all nat_late nat_all_avg] [--json PATH]
                                               [--stress-seeds 20] [--stress-steps 100] [--eval-samples 100]
                                               [--workers 1] [--time-limit SECONDS] [--progress-every 0]
 
@@ -28,7 +28,9 @@ accuracy and mean negative log-likelihood of the predictive class probabilities,
 min(30, D) = 8, hidden q(u) scaled by 1e-5, Adam 0.01, minibatch 1000, 5 samples) reduced to ``--dgp-steps`` steps
 and the seeds ``--dgp-seeds`` (initialisation and minibatch order; only split 0 ships with the package). Methods:
 ``default`` (``fit``'s default: natural steps on the last layer only) and ``nat_all`` (``natgrad_layers="all"``:
-every layer; hidden layers take the positive-definite step); ``--dgp-methods`` adds ``nat_all_avg`` (every layer,
+every layer; hidden layers take the positive-definite step); ``--dgp-methods`` adds ``nat_late`` (the default for
+the first half of the steps, then ``natgrad_layers="all"``: two ``fit`` calls, so Adam's state restarts at the
+switch; the hidden layers' natural steps start once the hyperparameters have settled) and ``nat_all_avg`` (every layer,
 and the iterate average of the last quarter of the steps, ``average=0.25``). Metrics: test log-likelihood
 (100-sample predictive mixture) and RMSE in the original units, the training bound per point (Salimbeni's estimator
 on the training set), wall seconds, and Cholesky/damping failures (a ``NonFiniteLossError`` or a
@@ -36,7 +38,7 @@ on the training set), wall seconds, and Cholesky/damping failures (a ``NonFinite
 ``--stress-steps`` steps (where the hidden q(u), started at 1e-5 of the prior scale, is most fragile), counting
 failures. ``--eval-samples S`` (above 100) adds the test log-likelihood of the ``S``-sample mixture
 (``test_ll_many``; the 100-sample one is biased low) and the largest per-point standard error (``se_max``). The
-summary gives each method's mean over seeds with its standard error, and the paired difference ``nat_all - default``
+summary gives each method's mean over seeds with its standard error, and its paired difference from ``default``
 over the seeds that ran both.
 
 Runs of separate seeds are independent: ``--workers W`` runs them in ``W`` processes of this script (one thread each;
@@ -74,8 +76,10 @@ VI = {
     "nat_auto": dict(natgrad_lr="auto"),
     "nat_auto_avg": dict(natgrad_lr="auto", average=0.25),
 }
-DGP = {"default": dict(), "nat_all": dict(natgrad_layers="all"),
-       "nat_all_avg": dict(natgrad_layers="all", average=0.25)}
+# a DGP method: its phases, (fraction of the steps, fit's options), each a fit call continuing from the last
+DGP = {"default": [(1.0, {})], "nat_all": [(1.0, dict(natgrad_layers="all"))],
+       "nat_all_avg": [(1.0, dict(natgrad_layers="all", average=0.25))],
+       "nat_late": [(0.5, {}), (0.5, dict(natgrad_layers="all"))]}
 
 
 def load_digits_split():
@@ -159,17 +163,24 @@ def dgp_row(args, model: str, seed: int, method: str, steps: int) -> dict:
     dgp = build_deep_gp(X, hidden, ps.Gaussian(0.05), num_samples=5, seed=seed, num_inducing=100)
     every, t0 = args.progress_every, time.perf_counter()
 
-    def callback(caught):
+    def callback(caught, done):
         def progress(step, loss):
+            step += done
             if every and step % every == 0:
                 damped = sum(issubclass(w.category, NatGradDampingWarning) for w in caught)
                 print(f"# progress {model} {method} seed {seed}: step {step}, loss {float(loss):.1f}, "
                       f"damped steps {damped}, {time.perf_counter() - t0:.0f} s", flush=True)
         return progress
 
-    secs, fail = _run(lambda caught: ps.infer.fit(dgp, X, y, num_steps=steps, batch_size=1000, lr=0.01,
-                                                  elbo="analytic", seed=seed, progress=False,
-                                                  callback=callback(caught), **DGP[method]))
+    def train(caught):
+        done = 0
+        for i, (fraction, options) in enumerate(DGP[method]):
+            n = steps - done if i == len(DGP[method]) - 1 else round(fraction * steps)
+            ps.infer.fit(dgp, X, y, num_steps=n, batch_size=1000, lr=0.01, elbo="analytic", seed=seed + done,
+                         progress=False, callback=callback(caught, done), **options)
+            done += n
+
+    secs, fail = _run(train)
     row = {"dataset": "kin8nm", "likelihood": model, "method": method, "seed": seed, "steps": steps}
     with torch.no_grad():
         torch.manual_seed(10_000 + seed)  # the predictive samples, the same for every method
@@ -272,8 +283,8 @@ def _mean_se(xs) -> tuple:
 
 
 def summary(rows) -> list:
-    """Mean (and its standard error over seeds) per (likelihood, method) of the finished DGP runs, and the paired
-    difference ``nat_all - default`` over the seeds that finished both."""
+    """Mean (and its standard error over seeds) per (likelihood, method) of the finished DGP runs, and each method's
+    paired difference from ``default`` over the seeds that finished both."""
     done = [r for r in rows if "test_ll" in r]
     out = {}
     for r in done:
@@ -284,13 +295,13 @@ def summary(rows) -> list:
         mean = {k: sum(r[k] for r in rs) / len(rs) for k in ("rmse", "train_elbo", "wall_s")}
         res.append({"model": model, "method": method, "seeds": len(rs), "test_ll": ll, "test_ll_se": se, **mean,
                     "failures": sum(bool(r["failure"]) for r in rs)})
-    for model in sorted({r["likelihood"] for r in done}):
+    for model, method in sorted({(r["likelihood"], r["method"]) for r in done if r["method"] != "default"}):
         by = {(r["method"], r["seed"]): r for r in done if r["likelihood"] == model}
-        seeds = sorted(s for (m, s) in by if m == "nat_all" and ("default", s) in by)
+        seeds = sorted(s for (m, s) in by if m == method and ("default", s) in by)
         if seeds:
-            d_ll = _mean_se([by["nat_all", s]["test_ll"] - by["default", s]["test_ll"] for s in seeds])
-            d_b = _mean_se([by["nat_all", s]["train_elbo"] - by["default", s]["train_elbo"] for s in seeds])
-            res.append({"model": model, "method": "nat_all - default", "seeds": len(seeds), "test_ll": d_ll[0],
+            d_ll = _mean_se([by[method, s]["test_ll"] - by["default", s]["test_ll"] for s in seeds])
+            d_b = _mean_se([by[method, s]["train_elbo"] - by["default", s]["train_elbo"] for s in seeds])
+            res.append({"model": model, "method": f"{method} - default", "seeds": len(seeds), "test_ll": d_ll[0],
                         "test_ll_se": d_ll[1], "train_elbo": d_b[0]})
     return res
 
