@@ -42,9 +42,10 @@ summary gives each method's mean over seeds with its standard error, and its pai
 over the seeds that ran both.
 
 Runs of separate seeds are independent: ``--workers W`` runs them in ``W`` processes of this script (one thread each;
-with ``--device cuda`` they share the GPU: docs/gpu.md), ``--progress-every K`` makes each print a line per ``K``
-steps, and ``--time-limit T`` stops the runs after ``T`` seconds, reporting each with the steps it reached and
-``failure`` "stopped" (a device's per-call limit). On an H100, DGP 3's 5,000 steps took about 250 s with 6 workers.
+with ``--device cuda`` they share the GPU: docs/gpu.md; their logs go to ``--log-dir``), ``--progress-every K`` makes
+each print a line per ``K`` steps, and ``--time-limit T`` stops the runs after ``T`` seconds, reporting each with the
+steps it reached and ``failure`` "stopped" (a device's per-call limit). On an H100, DGP 3's 5,000 steps took about 250 s
+with 6 workers.
 """
 
 from __future__ import annotations
@@ -209,7 +210,10 @@ def parallel_rows(args, jobs: list, steps: int) -> list:
     import subprocess
     import tempfile
 
-    tmp, t0, queue, running, rows = Path(tempfile.mkdtemp()), time.time(), list(jobs), {}, []
+    tmp = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp())
+    tmp.mkdir(parents=True, exist_ok=True)
+    print(f"# the runs' logs and rows: {tmp}", flush=True)
+    t0, queue, running, rows = time.time(), list(jobs), {}, []
     while queue or running:
         while queue and len(running) < args.workers and time.time() - t0 < args.time_limit:
             job = queue.pop(0)
@@ -320,6 +324,7 @@ def main():
     p.add_argument("--workers", type=int, default=1, help="DGP runs in this many processes (one thread each)")
     p.add_argument("--time-limit", type=float, default=math.inf, help="stop parallel DGP runs after this (s)")
     p.add_argument("--progress-every", type=int, default=0, help="a progress line per this many DGP steps")
+    p.add_argument("--log-dir", help="where parallel DGP runs write their logs (default: a new temporary folder)")
     args = p.parse_args()
     if args.quick:
         args.steps, args.dgp_steps, args.dgp_seeds, args.dgp_models = [30], 50, [0], ["dgp2"]

@@ -198,7 +198,7 @@ def _dgp_args(**kw):
     import argparse
 
     base = dict(dgp_models=["dgp2"], dgp_seeds=[0], dgp_steps=6, dgp_methods=["nat_all", "nat_all_avg"],
-                eval_samples=100, progress_every=0, workers=1, time_limit=math.inf, device="cpu")
+                eval_samples=100, progress_every=0, workers=1, time_limit=math.inf, device="cpu", log_dir=None)
     return argparse.Namespace(**(base | kw))
 
 
@@ -240,18 +240,19 @@ def test_natgrad_dgp_summary_pairs_the_seeds():
     assert math.isclose(pair["test_ll_se"], math.sqrt(0.045) / math.sqrt(2))  # differences 0.1, -0.2
 
 
-def test_natgrad_dgp_parallel_runs_match_and_stop(tmp_path, monkeypatch):
+def test_natgrad_dgp_parallel_runs_match_and_stop(tmp_path):
     """``--workers 2``: the runs in processes of the benchmark give the rows of the same runs in this process; with
     ``--time-limit`` reached before a run starts, every run is reported "stopped" at step 0 (none is lost)."""
     import pyro
 
     nn = _bench("natgrad_nonconjugate")
     pyro.settings.set(module_local_params=True)
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
     jobs = [("dgp2", 0, "default"), ("dgp2", 1, "nat_all")]
-    stopped = nn.parallel_rows(_dgp_args(workers=2, time_limit=0.0), jobs, 3)
+    stopped = nn.parallel_rows(_dgp_args(workers=2, time_limit=0.0, log_dir=str(tmp_path / "a")), jobs, 3)
     assert [(r["seed"], r["steps"], r["failure"]) for r in stopped] == [(0, 0, "stopped"), (1, 0, "stopped")]
-    par = nn.parallel_rows(_dgp_args(workers=2), jobs, 3)
+    par = nn.parallel_rows(_dgp_args(workers=2, log_dir=str(tmp_path / "b")), jobs, 3)
+    assert sorted(f.name for f in (tmp_path / "b").iterdir()) == [
+        "dgp2_0_default.json", "dgp2_0_default.log", "dgp2_1_nat_all.json", "dgp2_1_nat_all.log"]
     dtype = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)  # the benchmark's (its processes set it), also in the float32 suite
     try:
