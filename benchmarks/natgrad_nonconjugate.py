@@ -145,13 +145,11 @@ def digits_rows(args) -> list:
 
 
 def _kin8nm():
-    """kin8nm split 0 standardised on the training rows, on the default device: ``(X, y, Xt, yt, sy)`` with ``yt``
-    standardised too and ``sy`` the targets' scale."""
+    """kin8nm split 0 standardised on the training rows (on the default device, where ``load_kin8nm`` puts it):
+    ``(X, y, Xt, yt, sy)`` with ``yt`` standardised too and ``sy`` the targets' scale (a float, for the JSON rows)."""
     d = ps.datasets.load_kin8nm()
     mx, sx, my, sy = d.X_train.mean(0), d.X_train.std(0), d.y_train.mean(), d.y_train.std()
-    t = torch.as_tensor  # the default device (setup's --device); Z is drawn from X, so both sit with the kernel
-    X, Xt = t((d.X_train - mx) / sx), t((d.X_test - mx) / sx)
-    return X, t((d.y_train - my) / sy), Xt, t((d.y_test - my) / sy), float(sy)
+    return (d.X_train - mx) / sx, (d.y_train - my) / sy, (d.X_test - mx) / sx, (d.y_test - my) / sy, float(sy)
 
 
 def dgp_row(args, model: str, seed: int, method: str, steps: int) -> dict:
