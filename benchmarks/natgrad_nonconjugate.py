@@ -3,7 +3,8 @@ items 3-4). Prints a table and writes JSON rows keyed by ``dataset``/``likelihoo
 
     python benchmarks/natgrad_nonconjugate.py [--part digits|dgp|all] [--steps 100 300] [--dgp-steps 1000]
                                               [--dgp-seeds 0 1] [--dgp-models dgp2 dgp3]
-                                              [--dgp-methods default nat_all nat_late nat_all_avg] [--json PATH]
+                                              [--dgp-methods default nat_all nat_all_start nat_all_80 nat_late
+                                                             nat_all_avg] [--json PATH]
                                               [--stress-seeds 20] [--stress-steps 100] [--eval-samples 100]
                                               [--workers 1] [--time-limit SECONDS] [--progress-every 0]
 
@@ -28,16 +29,17 @@ accuracy and mean negative log-likelihood of the predictive class probabilities,
 min(30, D) = 8, hidden q(u) scaled by 1e-5, Adam 0.01, minibatch 1000, 5 samples) reduced to ``--dgp-steps`` steps
 and the seeds ``--dgp-seeds`` (initialisation and minibatch order; only split 0 ships with the package). Methods:
 ``default`` (``fit``'s default: natural steps on the last layer only) and ``nat_all`` (``natgrad_layers="all"``:
-every layer; hidden layers take the positive-definite step); ``--dgp-methods`` adds ``nat_late`` (the default for
-the first half of the steps, then ``natgrad_layers="all"``: two ``fit`` calls, so Adam's state restarts at the
-switch; the hidden layers' natural steps start once the hyperparameters have settled) and ``nat_all_avg`` (every layer,
-and the iterate average of the last quarter of the steps, ``average=0.25``). Metrics: test log-likelihood
+every layer, the hidden layers from half the steps on, ``natgrad_hidden_start="auto"``, with Adam on them before;
+hidden layers take the positive-definite step); ``--dgp-methods`` adds ``nat_all_start`` (every layer from the
+first step, ``natgrad_hidden_start=0``: what ``"all"`` did before), ``nat_late`` (the default for the first half of
+the steps, then every layer: two ``fit`` calls, so Adam's state restarts at the switch) and ``nat_all_avg``
+(``nat_all`` with the iterate average of the last quarter of the steps, ``average=0.25``). Metrics: test log-likelihood
 (100-sample predictive mixture) and RMSE in the original units, the training bound per point (Salimbeni's estimator
 on the training set), wall seconds, and Cholesky/damping failures (a ``NonFiniteLossError`` or a
-``NatGradDampingWarning``). ``--part stress``: ``nat_all`` on ``--stress-seeds`` seeds for the first
-``--stress-steps`` steps (where the hidden q(u), started at 1e-5 of the prior scale, is most fragile), counting
-failures. ``--eval-samples S`` (above 100) adds the test log-likelihood of the ``S``-sample mixture
-(``test_ll_many``; the 100-sample one is biased low) and the largest per-point standard error (``se_max``). The
+``NatGradDampingWarning``; "last iterate kept": an iterate average that could not average a family).
+``--part stress``: ``nat_all`` on ``--stress-seeds`` seeds for ``--stress-steps`` steps (the hidden layers join at
+half of them), counting failures. ``--eval-samples S`` (above 100) adds the test log-likelihood of the ``S``-sample
+mixture (``test_ll_many``; the 100-sample one is biased low) and the largest per-point standard error (``se_max``). The
 summary gives each method's mean over seeds with its standard error, and its paired difference from ``default``
 over the seeds that ran both.
 
@@ -79,8 +81,10 @@ VI = {
 }
 # a DGP method: its phases, (fraction of the steps, fit's options), each a fit call continuing from the last
 DGP = {"default": [(1.0, {})], "nat_all": [(1.0, dict(natgrad_layers="all"))],
+       "nat_all_start": [(1.0, dict(natgrad_layers="all", natgrad_hidden_start=0))],
+       "nat_all_80": [(1.0, dict(natgrad_layers="all", natgrad_hidden_start=0.8))],  # a fraction: of the steps
        "nat_all_avg": [(1.0, dict(natgrad_layers="all", average=0.25))],
-       "nat_late": [(0.5, {}), (0.5, dict(natgrad_layers="all"))]}
+       "nat_late": [(0.5, {}), (0.5, dict(natgrad_layers="all", natgrad_hidden_start=0))]}
 
 
 def load_digits_split():
@@ -108,17 +112,20 @@ def build_classifier(X, lik: str, M: int = 100, seed: int = 0):
 
 
 def _run(train):
-    """``(seconds, failure)``: run ``train(caught)``, recording a numerical failure or a damping warning (``caught``:
-    the list of warnings recorded so far, for progress lines)."""
+    """``(seconds, failure)``: run ``train(caught)``, recording a numerical failure, a damping warning or an iterate
+    average that kept a family's last iterate (``caught``: the list of warnings recorded so far, for progress
+    lines)."""
     t0, failure = time.perf_counter(), ""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NatGradDampingWarning)
+        warnings.filterwarnings("always", "iterate average", RuntimeWarning)
         try:
             train(caught)
         except ps.infer.NonFiniteLossError as exc:
             failure = f"NonFiniteLossError at step {exc.step}"
     damped = [w for w in caught if issubclass(w.category, NatGradDampingWarning)]
-    return time.perf_counter() - t0, failure or ("damped" if damped else "")
+    kept = [w for w in caught if str(w.message).startswith("iterate average")]  # a family not averaged
+    return time.perf_counter() - t0, failure or ("damped" if damped else "") or ("last iterate kept" if kept else "")
 
 
 def digits_rows(args) -> list:
@@ -175,6 +182,8 @@ def dgp_row(args, model: str, seed: int, method: str, steps: int) -> dict:
         done = 0
         for i, (fraction, options) in enumerate(DGP[method]):
             n = steps - done if i == len(DGP[method]) - 1 else round(fraction * steps)
+            if isinstance(options.get("natgrad_hidden_start"), float):  # a fraction of the phase's steps
+                options = options | {"natgrad_hidden_start": round(options["natgrad_hidden_start"] * n)}
             ps.infer.fit(dgp, X, y, num_steps=n, batch_size=1000, lr=0.01, elbo="analytic", seed=seed + done,
                          progress=False, callback=callback(caught, done), **options)
             done += n
@@ -261,8 +270,8 @@ def kin8nm_rows(args, jobs: list, steps: int) -> list:
 
 
 def stress_rows(args) -> list:
-    """``--stress-seeds S``: DGP 2 and 3 with natural steps on every layer for ``--stress-steps`` steps from seeds
-    ``0 .. S-1`` (the first steps are where the hidden q(u) at 1e-5 of the prior scale is most fragile): one row per
+    """``--stress-seeds S``: DGP 2 and 3 with natural steps on every layer (``nat_all``: the hidden layers from half
+    the steps on) for ``--stress-steps`` steps from seeds ``0 .. S-1``: one row per
     model counting the failures (and, under ``--time-limit``, the seeds stopped early and the fewest steps reached)."""
     runs = kin8nm_rows(args, [(m, seed, "nat_all") for m in args.dgp_models for seed in range(args.stress_seeds)],
                        args.stress_steps)

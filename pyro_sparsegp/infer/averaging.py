@@ -18,6 +18,8 @@ module's dtype. Hyperparameters trained by Adam are left as they are.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .natgrad.from_grads import _set_constrained
@@ -84,17 +86,26 @@ class IterateAverage:
     @torch.no_grad()
     def averages(self) -> list:
         """The averages, in float64: per family ``(m [..., M], L [..., M, M])``, then per noise ``sigma^2 ()``
-        (empty if no step was averaged)."""
+        (empty if no step was averaged). A family whose averaged precision is not positive definite in float64 keeps
+        its last iterate, with a ``RuntimeWarning`` naming it."""
         if not self.count:
             return []
         mean = [t / self.count for t in self.sums]
         out = []
-        for i in range(len(self.families)):
+        for i, q in enumerate(self.families):
             eta1, prec = mean[2 * i], mean[2 * i + 1]
-            Lp = torch.linalg.cholesky(prec)
+            Lp, info = torch.linalg.cholesky_ex(prec)
             S = torch.cholesky_inverse(Lp)
             m = torch.cholesky_solve(eta1.unsqueeze(-1), Lp).squeeze(-1)
-            out.append((m, torch.linalg.cholesky(0.5 * (S + S.mT))))
+            L, info2 = torch.linalg.cholesky_ex(0.5 * (S + S.mT))
+            if bool((info > 0).any() or (info2 > 0).any()) or not bool(torch.isfinite(L).all()):
+                warnings.warn(
+                    f"iterate average: the averaged precision of {q._pyro_name or type(q).__name__!r} is not positive "
+                    f"definite in float64 (its iterates' covariances are near singular, e.g. a deep GP's hidden q(u) "
+                    f"still near its 1e-5 initial scale, trained by Adam); it keeps its last iterate. Average fewer, "
+                    f"later steps (a smaller average) or train longer to average it", RuntimeWarning, stacklevel=3)
+                m, L = q.u_loc.detach().double(), q.u_scale_tril.detach().double()
+            out.append((m, L))
         return out + mean[2 * len(self.families):]
 
     @torch.no_grad()

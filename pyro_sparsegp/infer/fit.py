@@ -267,6 +267,7 @@ def fit(
     natgrad_warmup: int | str = "auto",
     natgrad_retraction: bool | str = "auto",
     natgrad_layers: str = "auto",
+    natgrad_hidden_start: int | str = "auto",
     average: float | None = None,
     finish: str | None = "auto",
 ) -> FitState:
@@ -283,8 +284,9 @@ def fit(
       on a GPU);
     * ``elbo``: ``"analytic"`` (``module.analytic_elbo``, the default where it exists) or a Pyro ELBO;
     * ``natgrad_lr`` (``"auto"``, ``None`` for Adam, or a step length in ``(0, 1]``), ``natgrad_warmup``,
-      ``natgrad_retraction``, ``natgrad_layers``: natural-gradient steps on the Gaussian variational families
-      (:mod:`~pyro_sparsegp.infer.natgrad_options` has the ``"auto"`` policy);
+      ``natgrad_retraction``, ``natgrad_layers``, ``natgrad_hidden_start`` (the step from which ``"all"`` steps a
+      deep GP's hidden layers; ``"auto"``: half the steps): natural-gradient steps on the Gaussian variational
+      families (:mod:`~pyro_sparsegp.infer.natgrad_options` has the ``"auto"`` policy);
     * ``average``: the Polyak-Ruppert average over the last fraction ``average`` of the steps;
     * ``finish``: ``"exact"`` ends with q(u) and the Gaussian noise at their optimum on all the data (one pass;
       :mod:`~pyro_sparsegp.infer.exact_finish`), ``None`` keeps the last iterate; ``"auto"``: exact for an SVGP
@@ -297,7 +299,7 @@ def fit(
     a = _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_size, lr, natgrad_lr, elbo, seed,
                          checkpoint, checkpoint_every, resume, sync_every,
                          dict(warmup=natgrad_warmup, retraction=natgrad_retraction, layers=natgrad_layers,
-                              average=average, finish=finish))
+                              hidden_start=natgrad_hidden_start, average=average, finish=finish))
     rank, world = _dist()
     if world > 1 and loader is None:  # every rank must hold the same data (a loader may be a shard per rank)
         check_same_data(a.X, a.y, a.num_data, a.device)
@@ -334,7 +336,10 @@ def _end_of_run(module, a, source, trainer, state, checkpoint, run_key, show) ->
                   if checkpoint and ends_changed else None)
     changed = a.plan.finish()
     if a.finish:  # q(u) and the noise at their optimum on all the data, given the hyperparameters
-        finish_run(module, source, a.num_data, show)
+        # on a forked RNG: a DeepGP's finish samples its hidden layers, and the checkpoint keeps the loop's RNG state,
+        # from which a resumed run must draw what the unbroken one draws
+        with torch.random.fork_rng(devices=[a.device] if a.device.type == "cuda" else []):
+            finish_run(module, source, a.num_data, show)
     elif show and a.finish_skipped:
         print(f"fit: no exact finish: {a.finish_skipped}", file=sys.stderr, flush=True)
     if checkpoint:

@@ -57,12 +57,13 @@ from .natgrad import natgrad_families
 from .schedules import LogLinearWarmup, RunningAverageStart
 
 __all__ = ["resolve_natgrad", "NatGradPlan", "all_layer_families", "AUTO_NONCONJUGATE_LR", "AUTO_WARMUP",
-           "AUTO_MIN_BATCH_FRACTION"]
+           "AUTO_MIN_BATCH_FRACTION", "AUTO_HIDDEN_START"]
 
 AUTO_NONCONJUGATE_LR = 0.1  # the step length "auto" gives a non-conjugate likelihood on the closed-form bound
 AUTO_WARMUP = 5  # steps of the log-linear warm-up from 1e-4 that "auto" gives it: the paper's 5 (on digits a
 # 20-step ramp was no more accurate at 100 steps, benchmarks/natgrad_nonconjugate.py)
 AUTO_MIN_BATCH_FRACTION = 1 / 32  # "auto" gives robust-max natural steps only for B / N at least this
+AUTO_HIDDEN_START = 0.5  # natgrad_layers="all": the fraction of the steps after which the hidden layers join
 _LAYERS = ("auto", "last", "all")
 
 
@@ -84,7 +85,7 @@ def all_layer_families(module) -> list:
 
 
 def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", retraction="auto", layers="auto",
-                    average=None, num_steps=0, batch_fraction=None):
+                    average=None, num_steps=0, batch_fraction=None, hidden_start="auto"):
     """``(natgrad_lr, plan)``: the step length after the warm-up (a float, or ``None``: natural gradients off) and
     the :class:`NatGradPlan` for ``fit`` (module docstring for ``"auto"``). ``elbo``: ``fit``'s argument;
     ``default_elbo``: what ``fit`` would use without one (``"analytic"`` or a Pyro ELBO); ``batch_fraction``: ``B / N``
@@ -121,8 +122,18 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
         raise ValueError(f"average must be a fraction in (0, 1] of the steps (the last ones are averaged) or None, "
                          f"got {average!r}")
     plan = NatGradPlan(module, int(warmup), retraction, layers, average, num_steps, conjugate and analytic,
-                       running_start)
+                       running_start, _hidden_start(hidden_start, num_steps))
     return natgrad_lr, plan
+
+
+def _hidden_start(hidden_start, num_steps: int) -> int:
+    """The step from which ``natgrad_layers="all"`` steps the hidden layers' families (``"auto"``: half the steps,
+    :data:`AUTO_HIDDEN_START`); no tensors, so shapes do not apply."""
+    if isinstance(hidden_start, str) and hidden_start == "auto":
+        return int(AUTO_HIDDEN_START * num_steps)
+    if isinstance(hidden_start, bool) or not isinstance(hidden_start, numbers.Integral) or hidden_start < 0:
+        raise ValueError(f"natgrad_hidden_start must be an integer >= 0 (a step) or 'auto', got {hidden_start!r}")
+    return int(hidden_start)
 
 
 class NatGradPlan:
@@ -132,10 +143,12 @@ class NatGradPlan:
     :func:`resolve_natgrad`, then :meth:`start` once the families are known. No tensors of its own (the average's are
     in :class:`~pyro_sparsegp.infer.averaging.IterateAverage`), so shapes do not apply."""
 
-    def __init__(self, module, warmup, retraction, layers, average, num_steps, conjugate, running_start=False):
+    def __init__(self, module, warmup, retraction, layers, average, num_steps, conjugate, running_start=False,
+                 hidden_start=0):
         self.module, self.warmup, self.retraction, self.layers = module, warmup, retraction, layers
         self.average, self.num_steps, self.conjugate = average, num_steps, conjugate
         self.running_start = running_start  # natgrad_warmup="auto" on a conjugate step: RunningAverageStart
+        self.hidden_start = hidden_start if layers == "all" else 0  # the step from which hidden families join
         self.schedule, self.averager, self._hidden = None, None, set()
 
     def families(self) -> list:
@@ -161,6 +174,23 @@ class NatGradPlan:
         if self.average is not None and (families or noise_lik is not None):
             start = self.num_steps - max(1, math.ceil(self.average * self.num_steps))
             self.averager = IterateAverage(families, [noise_lik] if noise_lik is not None else [], start=start)
+
+    def late(self, families) -> list:
+        """The families among ``families`` that join the natural steps only at step :attr:`hidden_start` (the
+        hidden layers' under ``natgrad_layers="all"``; Adam trains them before). ``families``: modules (``u_loc
+        [..., M]``, ``u_scale_tril [..., M, M]``); returns a sublist."""
+        if not self.hidden_start:
+            return []
+        own = {id(q) for q in natgrad_families(self.module)}
+        return [q for q in families if id(q) not in own]
+
+    def active(self, step: int, families) -> list:
+        """The families among ``families`` that take a natural step at step ``step``: all of them from
+        :attr:`hidden_start` on, before it those not in :meth:`late` (modules in, a sublist out)."""
+        if step >= self.hidden_start:
+            return list(families)
+        late = {id(q) for q in self.late(families)}
+        return [q for q in families if id(q) not in late]
 
     def lr(self, step: int) -> float:
         """The natural step length at step ``step`` (after the warm-up: ``natgrad_lr``; no tensors, so shapes do not

@@ -105,7 +105,9 @@ class NaturalGradient(PyroOptim):
         :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup`; ``step`` counts this optimiser's calls from 0).
     :param families: the ``GaussianQ`` modules to step (e.g. ``ps.infer.natgrad_families(dgp)``: a DeepGP's last
         layer only), or ``None`` (default): every full-covariance ``GaussianQ`` alive whose parameters SVI passes.
-        Families left out are trained by ``optim``.
+        Families left out are trained by ``optim``. The attribute ``families`` may be changed between steps: setting it
+        to every layer's q(u) after a number of steps joins the hidden layers late, as ``fit``'s
+        ``natgrad_hidden_start`` does (the wrapped optimiser then no longer receives them).
     :param int num_obs: the number of scalar observations the ELBO's likelihood term stands for (``N`` for ``y
         [N]``, ``N L`` for ``y [N, L]``): a learnable ``Gaussian`` noise with a gradient then takes the
         Fisher-scoring step of length ``natgrad_lr`` that ``fit`` takes (``noise_step_from_grads_``). ``None``

@@ -60,14 +60,24 @@ def _create_lazy_parameters(module, Xb, yb, num_data) -> None:
 
 class _TorchOptim(PyroOptim):
     """A ``PyroOptim`` over one torch optimiser built beforehand on a fixed list of parameters (``fit``'s Adam):
-    a call steps every one of them that has a gradient (the parameters handed over are among them), and the state is
-    the torch optimiser's ``state_dict``. Takes and returns no tensor, so shapes do not apply."""
+    a call steps those of them handed over that have a gradient (a hidden layer's family is among Adam's parameters
+    until it joins the natural steps, ``natgrad_hidden_start``), and the state is the torch optimiser's
+    ``state_dict``. Takes and returns no tensor, so shapes do not apply."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):  # no PyroOptim.__init__: no per-parameter optimisers
         self.optimizer = optimizer
 
     def __call__(self, params, *args, **kwargs) -> None:
-        self.optimizer.step()
+        given = {id(p) for p in params}  # only these: a family that took a natural step keeps its gradient unused
+        held = [(p, p.grad) for g in self.optimizer.param_groups for p in g["params"]
+                if p.grad is not None and id(p) not in given]
+        for p, _ in held:
+            p.grad = None  # torch's Adam skips a parameter without a gradient (its state stays as it was)
+        try:
+            self.optimizer.step()
+        finally:
+            for p, grad in held:
+                p.grad = grad
 
     def get_state(self) -> dict:
         return self.optimizer.state_dict()
@@ -102,7 +112,8 @@ class TrainingStep:
         self.pairs = natgrad_pairs(module, trainable) if elbo == "analytic" else []
         paired = {id(q) for gp in self.pairs for q in (gp.q_u, gp.q_v)}
         solo = [q for q in families if id(q) not in paired]
-        nat_ids = {id(p) for q in families for p in q.parameters()}
+        late = {id(q) for q in self.plan.late(families)}  # Adam's until they join the natural steps
+        nat_ids = {id(p) for q in families if id(q) not in late for p in q.parameters()}
         if self.noise_lik is not None:
             nat_ids.add(id(self.noise_lik.noise_unconstrained))
         self.params = list(module.parameters())
@@ -114,6 +125,7 @@ class TrainingStep:
             self.engine, self.handed = adam, self.params
             return
         num_obs = num_data if self.noise_lik is not None else None  # set per batch in update
+        self.solo = solo
         self.engine = NaturalGradient(adam, self.plan.schedule, families=solo, num_obs=num_obs,
                                       retraction=self.plan.retract)
         # what NaturalGradient is handed: not the pairs' families (their joint step is below) nor another Gaussian
@@ -154,11 +166,17 @@ class TrainingStep:
         with context():
             if self.noise_lik is not None:  # y [B] or [B, L]: num_data * L observations share the noise
                 self.engine.num_obs = self.num_data * (yb.numel() // max(yb.shape[0], 1))
+            pairs, handed = self.pairs, self.handed
             if isinstance(self.engine, NaturalGradient):
                 self.engine.step_count = step
-            self.engine(self.handed)
-            lr, retract = (self.plan.lr(step), self.plan.retract) if self.pairs else (None, None)
-            for gp in self.pairs:
+                self.engine.families = self.plan.active(step, self.solo)  # late families join at hidden_start
+                pairs = [gp for gp in self.pairs if self.plan.active(step, [gp.q_u])]
+                waiting = {id(p) for gp in self.pairs if gp not in pairs for q in (gp.q_u, gp.q_v)
+                           for p in q.parameters()}
+                handed = handed + [p for p in self.params if id(p) in waiting]
+            self.engine(handed)
+            lr, retract = (self.plan.lr(step), self.plan.retract) if pairs else (None, None)
+            for gp in pairs:
                 if gp.strategy.cross_probe.grad is not None:
                     solvegp_joint_natgrad_from_grads_(gp, lr, retract(gp.q_u))
                 else:  # a bound that bypassed the layer's qf: the factors' own natural-gradient steps
