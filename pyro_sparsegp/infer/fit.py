@@ -280,13 +280,11 @@ def fit(
       dtype), or ``dataset`` (``dataset[idx]`` gives ``(X[idx], y[idx])`` for ``idx [B]``), or ``loader`` (any
       DataLoader of ``(X, y)`` batches, with ``num_data`` = ``N``);
     * ``num_steps``, ``batch_size`` (``X, y`` or ``dataset``; default 1024), ``lr`` (Adam), ``seed``, ``progress``
-      (on ``stderr``), ``callback(step, loss)``, ``sync_every`` (how often the loss is read back: 1 on the CPU, 20
-      on a GPU);
+      (on ``stderr``), ``callback(step, loss)``, ``sync_every`` (how often the loss is read back: 1 on CPU, 20 GPU);
     * ``elbo``: ``"analytic"`` (``module.analytic_elbo``, the default where it exists) or a Pyro ELBO;
     * ``natgrad_lr`` (``"auto"``, ``None`` for Adam, or a step length in ``(0, 1]``), ``natgrad_warmup``,
-      ``natgrad_retraction``, ``natgrad_layers``, ``natgrad_hidden_start`` (the step from which ``"all"`` steps a
-      deep GP's hidden layers; ``"auto"``: half the steps): natural-gradient steps on the Gaussian variational
-      families (:mod:`~pyro_sparsegp.infer.natgrad_options` has the ``"auto"`` policy);
+      ``natgrad_retraction``, ``natgrad_layers``, ``natgrad_hidden_start``: natural-gradient steps on the Gaussian
+      variational families (:mod:`~pyro_sparsegp.infer.natgrad_options` has the ``"auto"`` policy);
     * ``average``: the Polyak-Ruppert average over the last fraction ``average`` of the steps;
     * ``finish``: ``"exact"`` ends with q(u) and the Gaussian noise at their optimum on all the data (one pass;
       :mod:`~pyro_sparsegp.infer.exact_finish`), ``None`` keeps the last iterate; ``"auto"``: exact for an SVGP
@@ -297,9 +295,9 @@ def fit(
     :raises NonFiniteLossError: on a numerical failure, after restoring the last good parameters; it names the step.
     """
     a = _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_size, lr, natgrad_lr, elbo, seed,
-                         checkpoint, checkpoint_every, resume, sync_every,
-                         dict(warmup=natgrad_warmup, retraction=natgrad_retraction, layers=natgrad_layers,
-                              hidden_start=natgrad_hidden_start, average=average, finish=finish))
+                         checkpoint, checkpoint_every, resume, sync_every, dict(
+                             warmup=natgrad_warmup, retraction=natgrad_retraction, layers=natgrad_layers,
+                             hidden_start=natgrad_hidden_start, average=average, finish=finish))
     rank, world = _dist()
     if world > 1 and loader is None:  # every rank must hold the same data (a loader may be a shard per rank)
         check_same_data(a.X, a.y, a.num_data, a.device)

@@ -186,7 +186,8 @@ class NatGradPlan:
 
     def active(self, step: int, families) -> list:
         """The families among ``families`` that take a natural step at step ``step``: all of them from
-        :attr:`hidden_start` on, before it those not in :meth:`late` (modules in, a sublist out)."""
+        :attr:`hidden_start` on, before it those not in :meth:`late`. ``families``: modules (``u_loc [..., M]``,
+        ``u_scale_tril [..., M, M]``); returns a sublist."""
         if step >= self.hidden_start:
             return list(families)
         late = {id(q) for q in self.late(families)}
