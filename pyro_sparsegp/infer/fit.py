@@ -280,7 +280,7 @@ def fit(
       dtype), or ``dataset`` (``dataset[idx]`` gives ``(X[idx], y[idx])`` for ``idx [B]``), or ``loader`` (any
       DataLoader of ``(X, y)`` batches, with ``num_data`` = ``N``);
     * ``num_steps``, ``batch_size`` (``X, y`` or ``dataset``; default 1024), ``lr`` (Adam), ``seed``, ``progress``
-      (on ``stderr``), ``callback(step, loss)``, ``sync_every`` (how often the loss is read back: 1 on CPU, 20 GPU);
+      (stderr), ``callback(step, loss)``, ``sync_every`` (how often the loss is read back: 1 on CPU, 20 GPU);
     * ``elbo``: ``"analytic"`` (``module.analytic_elbo``, the default where it exists) or a Pyro ELBO;
     * ``natgrad_lr`` (``"auto"``, ``None`` for Adam, or a step length in ``(0, 1]``), ``natgrad_warmup``,
       ``natgrad_retraction``, ``natgrad_layers``, ``natgrad_hidden_start``: natural-gradient steps on the Gaussian
@@ -306,8 +306,8 @@ def fit(
     if a.elbo != "analytic":  # a model/guide may create parameters at its first call: create them now
         _create_lazy_parameters(module, *source.first(), a.num_data)
     trainer = TrainingStep(module, a.elbo, a.num_data, a.lr, a.natgrad_lr, world, plan=a.plan)
-    run_key = {"batch_size": a.batch_size if loader is None else "a loader's", "num_data": a.num_data, "seed": a.seed,
-               "world_size": world}
+    run_key = _run_key(a, loader, world)
+    _announce_join(trainer, progress and rank == 0)
     state = _initial_state(module, trainer, resume, run_key if loader is None else None, a.seed + rank)
     if world > 1:  # every rank starts from rank 0's parameters
         broadcast_parameters(module)
@@ -324,6 +324,21 @@ def fit(
         bar.close()
     _end_of_run(module, a, source, trainer, state, checkpoint if rank == 0 else None, run_key, show)
     return state
+
+
+def _run_key(a, loader, world: int) -> dict:
+    """What a checkpoint must match to resume this run (a loader's batches cannot be checked); no tensors."""
+    return {"batch_size": a.batch_size if loader is None else "a loader's", "num_data": a.num_data, "seed": a.seed,
+            "world_size": world}
+
+
+def _announce_join(trainer, show: bool) -> None:
+    """A line on ``stderr`` (where progress is shown) saying from which step the hidden layers' families join the
+    natural steps (``natgrad_layers="all"`` with ``natgrad_hidden_start`` after the first step); no tensors."""
+    late = trainer.plan.late(trainer.plan.families()) if trainer.natgrad_lr else []
+    if show and late and trainer.plan.hidden_start < trainer.plan.num_steps:
+        print(f"fit: the hidden layers' q(u) take Adam steps, then natural steps from step {trainer.plan.hidden_start} "
+              "(natgrad_hidden_start)", file=sys.stderr, flush=True)
 
 
 def _end_of_run(module, a, source, trainer, state, checkpoint, run_key, show) -> None:

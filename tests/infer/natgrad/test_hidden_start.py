@@ -82,6 +82,17 @@ def test_hidden_layers_join_the_natural_steps_at_hidden_start(monkeypatch):
     assert steps[id(dgp.layers[0].kernel.lengthscale_unconstrained)] == 8
 
 
+def test_the_log_says_when_the_hidden_layers_join(capsys):
+    """With progress shown, a line on stderr names the step from which the hidden layers take natural steps (a log
+    read later says why the loss changes pace there); none where nothing joins late."""
+    X, y = _data()
+    fit(_dgp(X), X, y, num_steps=4, batch_size=40, natgrad_layers="all")
+    assert "natural steps from step 2 (natgrad_hidden_start)" in capsys.readouterr().err
+    fit(_dgp(X), X, y, num_steps=4, batch_size=40, natgrad_layers="all", natgrad_hidden_start=0)
+    fit(_dgp(X), X, y, num_steps=4, batch_size=40)
+    assert "natgrad_hidden_start" not in capsys.readouterr().err
+
+
 def test_auto_hidden_start_is_half_the_steps_and_only_for_all():
     """``"auto"``: the hidden layers join after :data:`AUTO_HIDDEN_START` of the steps; only ``natgrad_layers="all"``
     has late families (the default steps the last layer only, from the first step); bad values are refused."""
