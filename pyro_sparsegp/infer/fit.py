@@ -195,8 +195,10 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
     natgrad_lr, plan = _natgrad(module, natgrad_lr, elbo, num_steps, fraction, natgrad_options)
     elbo = _default_elbo(module) if elbo is None else elbo
     epochs = num_steps * batch_size * _dist()[1] / num_data if loader is None else 0.0
-    finish, skipped = resolve_finish(module, finish, elbo, natgrad_lr, loader, natgrad_options["average"], num_steps,
-                                     epochs)
+    # an average of a deep GP's hidden layers goes with the exact finish of its last layer; others would clash
+    clash = None if plan.hidden(plan.families()) else natgrad_options["average"]
+    finish, skipped = resolve_finish(module, finish, elbo, natgrad_lr, loader, clash, num_steps, epochs)
+    plan.finished = finish
     if elbo != "analytic" and not hasattr(elbo, "differentiable_loss"):
         raise TypeError('elbo must be a Pyro ELBO with differentiable_loss, or "analytic"')
     if elbo == "analytic" and not hasattr(module, "analytic_elbo"):

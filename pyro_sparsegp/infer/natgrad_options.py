@@ -150,6 +150,7 @@ class NatGradPlan:
         self.running_start = running_start  # natgrad_warmup="auto" on a conjugate step: RunningAverageStart
         self.hidden_start = hidden_start if layers == "all" else 0  # the step from which hidden families join
         self.schedule, self.averager, self._hidden = None, None, set()
+        self.finished = False  # fit ends with the exact finish (set by fit once resolved): average only hidden()
 
     def families(self) -> list:
         """The families that take natural steps: ``natgrad_layers="all"`` every full-covariance ``GaussianQ``, else
@@ -161,7 +162,8 @@ class NatGradPlan:
 
     def start(self, families, noise_lik, natgrad_lr) -> None:
         """Fix the schedule (a :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup` to ``natgrad_lr``), the families
-        off the likelihood's layer (for the ``"auto"`` positive-definite step) and the averager (if ``average``).
+        off the likelihood's layer (for the ``"auto"`` positive-definite step) and the averager (if ``average``: of
+        ``families`` and the noise, or with the exact finish (:attr:`finished`) of the :meth:`hidden` families only).
         ``families``: modules (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``); ``noise_lik``: a Gaussian
         likelihood with a scalar ``()`` noise, or ``None``."""
         own = {id(q) for q in natgrad_families(self.module)}
@@ -171,18 +173,26 @@ class NatGradPlan:
             self.schedule = (RunningAverageStart(natgrad_lr) if exact
                              else LogLinearWarmup(natgrad_lr, self.warmup, min(1e-4, natgrad_lr)))
         self._hidden = {id(q) for q in families if id(q) not in own}
+        if self.finished:  # the exact finish sets the module's own families and the noise: average the hidden ones
+            families, noise_lik = self.hidden(families), None
         if self.average is not None and (families or noise_lik is not None):
             start = self.num_steps - max(1, math.ceil(self.average * self.num_steps))
             self.averager = IterateAverage(families, [noise_lik] if noise_lik is not None else [], start=start)
 
-    def late(self, families) -> list:
-        """The families among ``families`` that join the natural steps only at step :attr:`hidden_start` (the
-        hidden layers' under ``natgrad_layers="all"``; Adam trains them before). ``families``: modules (``u_loc
-        [..., M]``, ``u_scale_tril [..., M, M]``); returns a sublist."""
-        if not self.hidden_start:
+    def hidden(self, families) -> list:
+        """The families among ``families`` beyond the module's own (the hidden layers' of a deep GP under
+        ``natgrad_layers="all"``; none otherwise). ``families``: modules (``u_loc [..., M]``, ``u_scale_tril
+        [..., M, M]``); returns a sublist."""
+        if self.layers != "all":
             return []
         own = {id(q) for q in natgrad_families(self.module)}
         return [q for q in families if id(q) not in own]
+
+    def late(self, families) -> list:
+        """The families among ``families`` that join the natural steps only at step :attr:`hidden_start` (the
+        :meth:`hidden` ones, if it is after the first step; Adam trains them before). ``families``: modules (``u_loc
+        [..., M]``, ``u_scale_tril [..., M, M]``); returns a sublist."""
+        return self.hidden(families) if self.hidden_start else []
 
     def active(self, step: int, families) -> list:
         """The families among ``families`` that take a natural step at step ``step``: all of them from

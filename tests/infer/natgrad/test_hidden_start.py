@@ -192,3 +192,33 @@ def test_an_average_of_near_singular_iterates_keeps_the_last_one_and_says_so():
     assert torch.equal(bad.u_loc.detach(), before[0])
     assert torch.allclose(bad.u_scale_tril.detach(), before[1])
     assert torch.allclose(good.u_loc.detach(), torch.full((12,), 0.5, dtype=dt))  # the mean of 0 and 1
+
+
+def test_an_average_of_the_hidden_layers_goes_with_the_exact_finish_of_the_last(monkeypatch, capsys):
+    """``natgrad_layers="all"`` with ``average``: the hidden layers' q(u) end at the average of their iterates over the
+    window (natural parameters), and the last layer's q(u) and the noise take the exact finish (which sets them at
+    their optimum given the averaged hidden layers), where an SVGP's ``average`` and ``finish="exact"`` still clash."""
+    from pyro_sparsegp.infer.averaging import IterateAverage
+
+    X, y = _data()
+    dgp = _dgp(X)
+    hidden = dgp.layers[0].q_u
+    seen, trainers, real_trainer = [], [], fit_module.TrainingStep
+
+    class Recorded(real_trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            trainers.append(self)
+
+    monkeypatch.setattr(fit_module, "TrainingStep", Recorded)
+    fit(dgp, X, y, num_steps=8, batch_size=40, natgrad_layers="all", natgrad_hidden_start=0, average=0.5,
+        finish="exact", callback=lambda step, loss: seen.append(IterateAverage.natural(hidden)) if step > 4 else None)
+    assert "exact finish of the last layer's q(u)" in capsys.readouterr().err
+    averager = trainers[0].plan.averager
+    assert averager.families == [hidden] and averager.noises == [] and averager.count == 4
+    eta, prec = IterateAverage.natural(hidden)
+    assert torch.allclose(prec, sum(p for _, p in seen) / 4, rtol=1e-6)
+    assert torch.allclose(eta, sum(e for e, _ in seen) / 4, rtol=1e-6, atol=1e-8)
+    svgp = ps.SVGP(dgp.layers[0].kernel, X[:5], ps.Gaussian(0.1))
+    with pytest.raises(ValueError, match="choose one"):
+        fit(svgp, X, y, num_steps=2, average=0.5, finish="exact", progress=False)
