@@ -289,15 +289,15 @@ def exact_finish_(svgp, batches, num_data: int | None = None, max_iter: int = 50
 
 
 def resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps, epochs) -> tuple[bool, str | None]:
-    """Whether :func:`~pyro_sparsegp.infer.fit` ends with :func:`exact_finish_`: ``"exact"`` (where it
-    applies, else a ``ValueError``), ``None``, or ``"auto"``: exact for an SVGP, SOLVE-GP or DeepGP with a Gaussian
-    likelihood trained by natural gradients on the closed-form bound from ``X, y`` or a ``dataset`` (not a loader,
-    which may be endless), without ``average`` (``fit`` passes it only where the average would set the families
-    that the finish sets: not a DeepGP's hidden layers' average under ``natgrad_layers="all"``), in a run of at least one epoch (``epochs`` = steps x global batch /
-    N; the pass then costs at most the forward passes of the training). The finish is the full-data natural step of
-    length 1 of Hensman, Fusi, Lawrence 2013, section 3.2. Returns ``(finish, skipped)``: ``skipped`` says why
-    ``"auto"`` left out a finish the module could take (a loader, Adam on q(u), a run under one epoch), for fit's
-    progress line, else ``None``. No tensors, so shapes do not apply."""
+    """Whether :func:`~pyro_sparsegp.infer.fit` ends with :func:`exact_finish_`: ``"exact"`` (where it applies, else
+    a ``ValueError``), ``None``, or ``"auto"``: exact for an SVGP, SOLVE-GP or DeepGP with a Gaussian likelihood
+    trained by natural gradients on the closed-form bound from ``X, y`` or a ``dataset`` (not a loader, which may be
+    endless), without ``average`` (``fit`` passes it only where the average would set the families that the finish
+    sets: not a DeepGP's hidden layers' average under ``natgrad_layers="all"``), in a run of at least one epoch
+    (``epochs`` = steps x global batch / N; the pass then costs at most the forward passes of the training). The
+    finish is the full-data natural step of length 1 of Hensman, Fusi, Lawrence 2013, section 3.2. Returns
+    ``(finish, skipped)``: ``skipped`` says why ``"auto"`` left out a finish the module could take (a loader, Adam
+    on q(u), a run under one epoch), for fit's progress line, else ``None``. No tensors, so shapes do not apply."""
     if finish not in ("auto", "exact", None):
         raise ValueError(f'finish must be "auto", "exact" or None, got {finish!r}')
     if finish == "exact":
