@@ -3,8 +3,8 @@ items 3-4). Prints a table and writes JSON rows keyed by ``dataset``/``likelihoo
 
     python benchmarks/natgrad_nonconjugate.py [--part digits|dgp|all] [--steps 100 300] [--dgp-steps 1000]
                                               [--dgp-seeds 0 1] [--dgp-models dgp2 dgp3]
-                                              [--dgp-methods default nat_all nat_all_start nat_all_80 nat_late
-                                                             nat_all_avg default_avg] [--json PATH]
+                                              [--dgp-methods default nat_all nat_all_last nat_all_start
+                                                             nat_all_80 default_avg nat_late] [--json PATH]
                                               [--stress-seeds 20] [--stress-steps 100] [--eval-samples 100]
                                               [--workers 1] [--time-limit SECONDS] [--progress-every 0]
 
@@ -29,13 +29,14 @@ accuracy and mean negative log-likelihood of the predictive class probabilities,
 min(30, D) = 8, hidden q(u) scaled by 1e-5, Adam 0.01, minibatch 1000, 5 samples) reduced to ``--dgp-steps`` steps
 and the seeds ``--dgp-seeds`` (initialisation and minibatch order; only split 0 ships with the package). Methods:
 ``default`` (``fit``'s default: natural steps on the last layer only) and ``nat_all`` (``natgrad_layers="all"``:
-every layer, the hidden layers from half the steps on, ``natgrad_hidden_start="auto"``, with Adam on them before;
-hidden layers take the positive-definite step); ``--dgp-methods`` adds ``nat_all_start`` (every layer from the
-first step, ``natgrad_hidden_start=0``: what ``"all"`` did before), ``nat_late`` (the default for the first half of
-the steps, then every layer: two ``fit`` calls, so Adam's state restarts at the switch), ``nat_all_avg``
-(``nat_all`` with the hidden layers' iterates averaged over the last tenth of the steps, ``average=0.1``, before the
-exact finish of the last layer) and ``default_avg`` (the default with that average: ``natgrad_layers="all"`` with
-the hidden layers joining at the last step, i.e. Adam on them throughout). Metrics: test log-likelihood
+every layer, the hidden layers from half the steps on, ``natgrad_hidden_start="auto"``, with Adam on them before,
+and their iterates averaged over the last tenth of the steps before the exact finish of the last layer,
+``average="auto"``; hidden layers take the positive-definite step); ``--dgp-methods`` adds ``nat_all_last``
+(``nat_all`` without the average, ``average=None``), ``nat_all_start`` (every layer from the first step and no
+average: what ``"all"`` did before), ``nat_all_80`` (the hidden layers from 80% of the steps, no average),
+``default_avg`` (the default with the hidden layers' average: ``natgrad_layers="all"`` with the hidden layers joining
+at the last step, i.e. Adam on them throughout, ``average=0.1``) and ``nat_late`` (the default for the first half of
+the steps, then every layer: two ``fit`` calls, so Adam's state restarts at the switch). Metrics: test log-likelihood
 (100-sample predictive mixture) and RMSE in the original units, the training bound per point (Salimbeni's estimator
 on the training set), wall seconds, and Cholesky/damping failures (a ``NonFiniteLossError`` or a
 ``NatGradDampingWarning``; "last iterate kept": an iterate average that could not average a family).
@@ -83,12 +84,12 @@ VI = {
 }
 # a DGP method: its phases, (fraction of the steps, fit's options), each a fit call continuing from the last
 DGP = {"default": [(1.0, {})], "nat_all": [(1.0, dict(natgrad_layers="all"))],
-       "nat_all_start": [(1.0, dict(natgrad_layers="all", natgrad_hidden_start=0))],
-       "nat_all_80": [(1.0, dict(natgrad_layers="all", natgrad_hidden_start=0.8))],  # a fraction: of the steps
-       "nat_all_avg": [(1.0, dict(natgrad_layers="all", average=0.1))],
+       "nat_all_last": [(1.0, dict(natgrad_layers="all", average=None))],  # no average of the hidden layers
+       "nat_all_start": [(1.0, dict(natgrad_layers="all", natgrad_hidden_start=0, average=None))],
+       "nat_all_80": [(1.0, dict(natgrad_layers="all", natgrad_hidden_start=0.8, average=None))],  # a fraction
        # the default with the hidden layers' average: they never join the natural steps (Adam throughout)
        "default_avg": [(1.0, dict(natgrad_layers="all", natgrad_hidden_start=1.0, average=0.1))],
-       "nat_late": [(0.5, {}), (0.5, dict(natgrad_layers="all", natgrad_hidden_start=0))]}
+       "nat_late": [(0.5, {}), (0.5, dict(natgrad_layers="all", natgrad_hidden_start=0, average=None))]}
 
 
 def load_digits_split():

@@ -34,14 +34,17 @@ class IterateAverage:
     :param families: the full-covariance ``GaussianQ`` modules (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``).
     :param noises: :class:`~pyro_sparsegp.Gaussian` likelihoods whose learnable noise (a scalar ``()``) to average.
     :param int start: the first step (as counted by the caller of :meth:`update`) whose iterate enters the average.
+    :param bool warn: a ``RuntimeWarning`` when a family keeps its last iterate (:meth:`averages`); either way its
+        name goes to ``kept``.
 
     Call :meth:`update(step) <update>` after each step (with the number of the step just taken, from 0), then
     :meth:`write_` to put the average into the modules. :meth:`mark` and :meth:`rewind` let a caller that redoes a
     window of steps (``fit`` on an accelerator) drop the window's contributions.
     """
 
-    def __init__(self, families, noises=(), start: int = 0):
+    def __init__(self, families, noises=(), start: int = 0, warn: bool = True):
         self.families, self.noises, self.start = list(families), list(noises), int(start)
+        self.warn, self.kept = warn, []  # the names of families whose last iterate was kept (not averaged)
         self.count = 0
         self.sums = None  # [(sum Lambda m [..., M], sum Lambda [..., M, M]) per family] + [sum sigma^2 () per noise]
         self._mark = (0, None)
@@ -95,15 +98,20 @@ class IterateAverage:
         for i, q in enumerate(self.families):
             eta1, prec = mean[2 * i], mean[2 * i + 1]
             Lp, info = torch.linalg.cholesky_ex(prec)
-            S = torch.cholesky_inverse(Lp)
-            m = torch.cholesky_solve(eta1.unsqueeze(-1), Lp).squeeze(-1)
-            L, info2 = torch.linalg.cholesky_ex(0.5 * (S + S.mT))
-            if bool((info > 0).any() or (info2 > 0).any()) or not bool(torch.isfinite(L).all()):
-                warnings.warn(
-                    f"iterate average: the averaged precision of {q._pyro_name or type(q).__name__!r} is not positive "
-                    f"definite in float64 (its iterates' covariances are near singular, e.g. a deep GP's hidden q(u) "
-                    f"still near its 1e-5 initial scale, trained by Adam); it keeps its last iterate. Average fewer, "
-                    f"later steps (a smaller average) or train longer to average it", RuntimeWarning, stacklevel=3)
+            ok = not bool((info > 0).any())
+            if ok:
+                S = torch.cholesky_inverse(Lp)
+                m = torch.cholesky_solve(eta1.unsqueeze(-1), Lp).squeeze(-1)
+                L, info = torch.linalg.cholesky_ex(0.5 * (S + S.mT))
+                ok = not bool((info > 0).any()) and bool(torch.isfinite(L).all() and torch.isfinite(m).all())
+            if not ok:
+                self.kept.append(q._pyro_name or type(q).__name__)
+                if self.warn:
+                    warnings.warn(
+                        f"iterate average: the averaged precision of {self.kept[-1]!r} is not positive definite in "
+                        f"float64 (its iterates' covariances are near singular, e.g. a deep GP's hidden q(u) still "
+                        f"near its 1e-5 initial scale, trained by Adam); it keeps its last iterate. Average fewer, "
+                        f"later steps (a smaller average) or train longer to average it", RuntimeWarning, stacklevel=3)
                 m, L = q.u_loc.detach().double(), q.u_scale_tril.detach().double()
             out.append((m, L))
         return out + mean[2 * len(self.families):]

@@ -196,9 +196,9 @@ def _check_arguments(module, X, y, dataset, loader, num_data, num_steps, batch_s
     elbo = _default_elbo(module) if elbo is None else elbo
     epochs = num_steps * batch_size * _dist()[1] / num_data if loader is None else 0.0
     # an average of a deep GP's hidden layers goes with the exact finish of its last layer; others would clash
-    clash = None if plan.hidden(plan.families()) else natgrad_options["average"]
+    clash = None if plan.hidden(plan.families()) or plan.average_auto else natgrad_options["average"]
     finish, skipped = resolve_finish(module, finish, elbo, natgrad_lr, loader, clash, num_steps, epochs)
-    plan.finished = finish
+    plan.resolve_average(finish)
     if elbo != "analytic" and not hasattr(elbo, "differentiable_loss"):
         raise TypeError('elbo must be a Pyro ELBO with differentiable_loss, or "analytic"')
     if elbo == "analytic" and not hasattr(module, "analytic_elbo"):
@@ -270,7 +270,7 @@ def fit(
     natgrad_retraction: bool | str = "auto",
     natgrad_layers: str = "auto",
     natgrad_hidden_start: int | str = "auto",
-    average: float | None = None,
+    average: float | str | None = "auto",
     finish: str | None = "auto",
 ) -> FitState:
     """Train ``module`` by maximising its ELBO; returns a :class:`FitState` (the per-step losses, negative ELBO
@@ -287,7 +287,7 @@ def fit(
     * ``natgrad_lr`` (``"auto"``, ``None`` for Adam, or a step length in ``(0, 1]``), ``natgrad_warmup``,
       ``natgrad_retraction``, ``natgrad_layers``, ``natgrad_hidden_start``: natural-gradient steps on the Gaussian
       variational families (:mod:`~pyro_sparsegp.infer.natgrad_options` has the ``"auto"`` policy);
-    * ``average``: the Polyak-Ruppert average over the last fraction ``average`` of the steps;
+    * ``average``: the Polyak-Ruppert average over the last fraction ``average`` of the steps, ``None`` or ``"auto"``;
     * ``finish``: ``"exact"`` ends with q(u) and the Gaussian noise at their optimum on all the data (one pass;
       :mod:`~pyro_sparsegp.infer.exact_finish`), ``None`` keeps the last iterate; ``"auto"``: exact for an SVGP
       or SOLVE-GP (a DeepGP's last layer) with a Gaussian likelihood, natural gradients, ``X, y`` or ``dataset``
@@ -350,6 +350,9 @@ def _end_of_run(module, a, source, trainer, state, checkpoint, run_key, show) ->
     loop_state = ({k: v.detach().clone() for k, v in module.state_dict().items()}
                   if checkpoint and ends_changed else None)
     changed = a.plan.finish()
+    if show and a.plan.averager is not None and a.plan.averager.kept:
+        print(f"fit: no iterate average of {', '.join(a.plan.averager.kept)}: its averaged precision is not positive "
+              "definite in float64 (a run too short for it); the last iterate is kept", file=sys.stderr, flush=True)
     if a.finish:  # q(u) and the noise at their optimum on all the data, given the hyperparameters
         # on a forked RNG: a DeepGP's finish samples its hidden layers, and the checkpoint keeps the loop's RNG state,
         # from which a resumed run must draw what the unbroken one draws

@@ -57,13 +57,15 @@ from .natgrad import natgrad_families
 from .schedules import LogLinearWarmup, RunningAverageStart
 
 __all__ = ["resolve_natgrad", "NatGradPlan", "all_layer_families", "AUTO_NONCONJUGATE_LR", "AUTO_WARMUP",
-           "AUTO_MIN_BATCH_FRACTION", "AUTO_HIDDEN_START"]
+           "AUTO_MIN_BATCH_FRACTION", "AUTO_HIDDEN_START", "AUTO_HIDDEN_AVERAGE"]
 
 AUTO_NONCONJUGATE_LR = 0.1  # the step length "auto" gives a non-conjugate likelihood on the closed-form bound
 AUTO_WARMUP = 5  # steps of the log-linear warm-up from 1e-4 that "auto" gives it: the paper's 5 (on digits a
 # 20-step ramp was no more accurate at 100 steps, benchmarks/natgrad_nonconjugate.py)
 AUTO_MIN_BATCH_FRACTION = 1 / 32  # "auto" gives robust-max natural steps only for B / N at least this
 AUTO_HIDDEN_START = 0.5  # natgrad_layers="all": the fraction of the steps after which the hidden layers join
+AUTO_HIDDEN_AVERAGE = 0.1  # natgrad_layers="all", average="auto": the last fraction of the steps whose hidden
+# iterates are averaged (beside the exact finish of the last layer)
 _LAYERS = ("auto", "last", "all")
 
 
@@ -85,7 +87,7 @@ def all_layer_families(module) -> list:
 
 
 def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", retraction="auto", layers="auto",
-                    average=None, num_steps=0, batch_fraction=None, hidden_start="auto"):
+                    average="auto", num_steps=0, batch_fraction=None, hidden_start="auto"):
     """``(natgrad_lr, plan)``: the step length after the warm-up (a float, or ``None``: natural gradients off) and
     the :class:`NatGradPlan` for ``fit`` (module docstring for ``"auto"``). ``elbo``: ``fit``'s argument;
     ``default_elbo``: what ``fit`` would use without one (``"analytic"`` or a Pyro ELBO); ``batch_fraction``: ``B / N``
@@ -117,10 +119,10 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
         raise ValueError(f"natgrad_retraction must be True, False or 'auto', got {retraction!r}")
     if layers not in _LAYERS:
         raise ValueError(f"natgrad_layers must be one of {_LAYERS}, got {layers!r}")
-    if average is not None and (isinstance(average, bool) or not isinstance(average, numbers.Real)
-                                or not 0.0 < float(average) <= 1.0):
-        raise ValueError(f"average must be a fraction in (0, 1] of the steps (the last ones are averaged) or None, "
-                         f"got {average!r}")
+    if average not in (None, "auto") and (isinstance(average, bool) or not isinstance(average, numbers.Real)
+                                          or not 0.0 < float(average) <= 1.0):
+        raise ValueError(f"average must be a fraction in (0, 1] of the steps (the last ones are averaged), 'auto' or "
+                         f"None, got {average!r}")
     plan = NatGradPlan(module, int(warmup), retraction, layers, average, num_steps, conjugate and analytic,
                        running_start, _hidden_start(hidden_start, num_steps))
     return natgrad_lr, plan
@@ -146,11 +148,13 @@ class NatGradPlan:
     def __init__(self, module, warmup, retraction, layers, average, num_steps, conjugate, running_start=False,
                  hidden_start=0):
         self.module, self.warmup, self.retraction, self.layers = module, warmup, retraction, layers
-        self.average, self.num_steps, self.conjugate = average, num_steps, conjugate
+        self.average_auto = isinstance(average, str)  # "auto": AUTO_HIDDEN_AVERAGE where resolve_average says
+        self.average = None if self.average_auto else average
+        self.num_steps, self.conjugate = num_steps, conjugate
         self.running_start = running_start  # natgrad_warmup="auto" on a conjugate step: RunningAverageStart
         self.hidden_start = hidden_start if layers == "all" else 0  # the step from which hidden families join
         self.schedule, self.averager, self._hidden = None, None, set()
-        self.finished = False  # fit ends with the exact finish (set by fit once resolved): average only hidden()
+        self.finished = False  # fit ends with the exact finish (set by resolve_average): average only hidden()
 
     def families(self) -> list:
         """The families that take natural steps: ``natgrad_layers="all"`` every full-covariance ``GaussianQ``, else
@@ -177,7 +181,16 @@ class NatGradPlan:
             families, noise_lik = self.hidden(families), None
         if self.average is not None and (families or noise_lik is not None):
             start = self.num_steps - max(1, math.ceil(self.average * self.num_steps))
-            self.averager = IterateAverage(families, [noise_lik] if noise_lik is not None else [], start=start)
+            self.averager = IterateAverage(families, [noise_lik] if noise_lik is not None else [], start=start,
+                                           warn=not self.average_auto)  # "auto": fit's progress line says it
+
+    def resolve_average(self, finished: bool) -> None:
+        """Record whether the run ends with the exact finish and resolve ``average="auto"``: the last
+        :data:`AUTO_HIDDEN_AVERAGE` of the steps for a deep GP's :meth:`hidden` families under
+        ``natgrad_layers="all"`` beside the exact finish of its last layer, else no average. No tensors."""
+        self.finished = finished
+        if self.average_auto:
+            self.average = AUTO_HIDDEN_AVERAGE if finished and self.hidden(self.families()) else None
 
     def hidden(self, families) -> list:
         """The families among ``families`` beyond the module's own (the hidden layers' of a deep GP under

@@ -222,3 +222,31 @@ def test_an_average_of_the_hidden_layers_goes_with_the_exact_finish_of_the_last(
     svgp = ps.SVGP(dgp.layers[0].kernel, X[:5], ps.Gaussian(0.1))
     with pytest.raises(ValueError, match="choose one"):
         fit(svgp, X, y, num_steps=2, average=0.5, finish="exact", progress=False)
+
+
+def test_auto_average_covers_the_hidden_layers_of_all_beside_the_exact_finish(monkeypatch, capsys):
+    """``average="auto"`` (the default) is :data:`AUTO_HIDDEN_AVERAGE` of the steps for a deep GP's hidden layers
+    under ``natgrad_layers="all"`` with the exact finish, and no average elsewhere (the last layer only, no finish,
+    an SVGP). A run too short for it keeps the last iterate and says so on the progress stream, not as a warning."""
+    from pyro_sparsegp.infer.natgrad_options import AUTO_HIDDEN_AVERAGE
+
+    X, y = _data()
+    trainers, real_trainer = [], fit_module.TrainingStep
+
+    class Recorded(real_trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            trainers.append(self)
+
+    monkeypatch.setattr(fit_module, "TrainingStep", Recorded)
+    dgp = _dgp(X)
+    fit(dgp, X, y, num_steps=10, batch_size=40, natgrad_layers="all")  # shown progress; warnings are errors here
+    plan = trainers[-1].plan
+    assert plan.average == AUTO_HIDDEN_AVERAGE and plan.averager.families == [dgp.layers[0].q_u]
+    assert plan.averager.start == 9 and plan.averager.kept == ["layer0.q_u"]  # 10 steps: near its 1e-5 start
+    assert "no iterate average of layer0.q_u" in capsys.readouterr().err
+    for kw in (dict(), dict(natgrad_layers="all", finish=None)):
+        fit(_dgp(X), X, y, num_steps=2, batch_size=40, progress=False, **kw)
+        assert trainers[-1].plan.average is None and trainers[-1].plan.averager is None
+    fit(ps.SVGP(dgp.layers[0].kernel, X[:5], ps.Gaussian(0.1)), X, y, num_steps=2, progress=False)
+    assert trainers[-1].plan.average is None
