@@ -187,7 +187,8 @@ class NatGradPlan:
     def resolve_average(self, finished: bool) -> None:
         """Record whether the run ends with the exact finish and resolve ``average="auto"``: the last
         :data:`AUTO_HIDDEN_AVERAGE` of the steps for a deep GP's :meth:`hidden` families under
-        ``natgrad_layers="all"`` beside the exact finish of its last layer, else no average. No tensors."""
+        ``natgrad_layers="all"`` beside the exact finish of its last layer, else no average. No tensors, so shapes do
+        not apply."""
         self.finished = finished
         if self.average_auto:
             self.average = AUTO_HIDDEN_AVERAGE if finished and self.hidden(self.families()) else None
