@@ -183,14 +183,17 @@ def dgp_row(args, model: str, seed: int, method: str, steps: int) -> dict:
                       f"damped steps {damped}, {time.perf_counter() - t0:.0f} s", flush=True)
         return progress
 
+    kept = []  # the families whose iterate average could not be used (FitState.not_averaged)
+
     def train(caught):
         done = 0
         for i, (fraction, options) in enumerate(DGP[method]):
             n = steps - done if i == len(DGP[method]) - 1 else round(fraction * steps)
             if isinstance(options.get("natgrad_hidden_start"), float):  # a fraction of the phase's steps
                 options = options | {"natgrad_hidden_start": round(options["natgrad_hidden_start"] * n)}
-            ps.infer.fit(dgp, X, y, num_steps=n, batch_size=1000, lr=0.01, elbo="analytic", seed=seed + done,
-                         progress=False, callback=callback(caught, done), **options)
+            kept[:] = ps.infer.fit(dgp, X, y, num_steps=n, batch_size=1000, lr=0.01, elbo="analytic",
+                                   seed=seed + done, progress=False, callback=callback(caught, done),
+                                   **options).not_averaged
             done += n
 
     secs, fail = _run(train)
@@ -204,7 +207,8 @@ def dgp_row(args, model: str, seed: int, method: str, steps: int) -> dict:
         row["rmse"] = (dgp.predict(Xt, 100)[0].mean(0) - yt).pow(2).mean().sqrt().item() * sy
         row["train_elbo"] = sum(dgp.analytic_elbo(X[i:i + 2000], y[i:i + 2000], num_data=len(X)).item()
                                 * len(X[i:i + 2000]) for i in range(0, len(X), 2000)) / len(X) ** 2
-    return row | {"noise": float(dgp.likelihood.noise.detach()), "wall_s": secs, "failure": fail}
+    return row | {"noise": float(dgp.likelihood.noise.detach()), "wall_s": secs, "failure": fail,
+                  "not_averaged": " ".join(kept)}
 
 
 def _child_command(args, model, seed, method, steps, path) -> list:

@@ -24,7 +24,9 @@ import torch
 
 from .natgrad.from_grads import _set_constrained
 
-__all__ = ["IterateAverage"]
+__all__ = ["IterateAverage", "MAX_CONDITION"]
+
+MAX_CONDITION = 1e10  # an averaged precision worse conditioned than this (float64: 6 digits left) is not used
 
 
 class IterateAverage:
@@ -89,8 +91,9 @@ class IterateAverage:
     @torch.no_grad()
     def averages(self) -> list:
         """The averages, in float64: per family ``(m [..., M], L [..., M, M])``, then per noise ``sigma^2 ()``
-        (empty if no step was averaged). A family whose averaged precision is not positive definite in float64 keeps
-        its last iterate, with a ``RuntimeWarning`` naming it."""
+        (empty if no step was averaged). A family whose averaged precision is not positive definite in float64, or
+        has a condition number above :data:`MAX_CONDITION` (estimated from its Cholesky factor's diagonal), keeps its
+        last iterate, with a ``RuntimeWarning`` naming it (unless ``warn=False``), and its name goes to ``kept``."""
         if not self.count:
             return []
         mean = [t / self.count for t in self.sums]
@@ -98,7 +101,9 @@ class IterateAverage:
         for i, q in enumerate(self.families):
             eta1, prec = mean[2 * i], mean[2 * i + 1]
             Lp, info = torch.linalg.cholesky_ex(prec)
-            ok = not bool((info > 0).any())
+            d = Lp.diagonal(dim1=-2, dim2=-1).abs()
+            # a lower bound on the condition number: above MAX_CONDITION the solve for the mean loses its digits
+            ok = not bool((info > 0).any()) and bool(((d.amax(-1) / d.amin(-1)) ** 2 < MAX_CONDITION).all())
             if ok:
                 S = torch.cholesky_inverse(Lp)
                 m = torch.cholesky_solve(eta1.unsqueeze(-1), Lp).squeeze(-1)
@@ -108,10 +113,11 @@ class IterateAverage:
                 self.kept.append(q._pyro_name or type(q).__name__)
                 if self.warn:
                     warnings.warn(
-                        f"iterate average: the averaged precision of {self.kept[-1]!r} is not positive definite in "
-                        f"float64 (its iterates' covariances are near singular, e.g. a deep GP's hidden q(u) still "
-                        f"near its 1e-5 initial scale, trained by Adam); it keeps its last iterate. Average fewer, "
-                        f"later steps (a smaller average) or train longer to average it", RuntimeWarning, stacklevel=3)
+                        f"iterate average: the averaged precision of {self.kept[-1]!r} is not positive definite, or "
+                        f"too ill-conditioned, in float64 (its iterates' covariances are near singular, e.g. a deep "
+                        f"GP's hidden q(u) still near its 1e-5 initial scale, trained by Adam); it keeps its last "
+                        f"iterate. Average fewer, later steps (a smaller average) or train longer to average it",
+                        RuntimeWarning, stacklevel=3)
                 m, L = q.u_loc.detach().double(), q.u_scale_tril.detach().double()
             out.append((m, L))
         return out + mean[2 * len(self.families):]

@@ -16,10 +16,13 @@ CHECKPOINT_FORMAT = "pyro_sparsegp.fit/2"
 
 @dataclass
 class FitState:
-    """What :func:`fit` returns and checkpoints: the step count and the loss history (one float per step)."""
+    """What :func:`fit` returns and checkpoints: the step count and the loss history (one float per step); and, set at
+    the end of a run (not checkpointed), the names of the families whose iterate average could not be used
+    (``average``: a near-singular average keeps the last iterate)."""
 
     step: int = 0
     losses: list = field(default_factory=list)
+    not_averaged: list = field(default_factory=list)
 
 
 def save_checkpoint(path, module, optimizer, state: FitState, extra: dict | None = None,

@@ -350,9 +350,11 @@ def _end_of_run(module, a, source, trainer, state, checkpoint, run_key, show) ->
     loop_state = ({k: v.detach().clone() for k, v in module.state_dict().items()}
                   if checkpoint and ends_changed else None)
     changed = a.plan.finish()
-    if show and a.plan.averager is not None and a.plan.averager.kept:
-        print(f"fit: no iterate average of {', '.join(a.plan.averager.kept)}: its averaged precision is not positive "
-              "definite in float64 (a run too short for it); the last iterate is kept", file=sys.stderr, flush=True)
+    state.not_averaged = list(a.plan.averager.kept) if a.plan.averager is not None else []
+    if show and state.not_averaged:
+        print(f"fit: no iterate average of {', '.join(state.not_averaged)}: its averaged precision is not positive "
+              "definite, or too ill-conditioned, in float64 (a run too short for it); the last iterate is kept",
+              file=sys.stderr, flush=True)
     if a.finish:  # q(u) and the noise at their optimum on all the data, given the hyperparameters
         # on a forked RNG: a DeepGP's finish samples its hidden layers, and the checkpoint keeps the loop's RNG state,
         # from which a resumed run must draw what the unbroken one draws

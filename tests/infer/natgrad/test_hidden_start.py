@@ -192,6 +192,15 @@ def test_an_average_of_near_singular_iterates_keeps_the_last_one_and_says_so():
     assert torch.equal(bad.u_loc.detach(), before[0])
     assert torch.allclose(bad.u_scale_tril.detach(), before[1])
     assert torch.allclose(good.u_loc.detach(), torch.full((12,), 0.5, dtype=dt))  # the mean of 0 and 1
+    # positive definite but conditioned beyond MAX_CONDITION (diagonal 1 and 1e-6: 1e12): kept too
+    from pyro_sparsegp.infer.averaging import MAX_CONDITION
+
+    with torch.no_grad():
+        bad.u_scale_tril = torch.diag(torch.tensor([1.0] * 11 + [1e-6], dtype=dt))
+    avg = IterateAverage([bad], start=0, warn=False)
+    avg.update(0)
+    assert 1e12 > MAX_CONDITION and avg.averages()[0][1].diagonal()[-1] == bad.u_scale_tril.diagonal()[-1].double()
+    assert avg.kept == [bad._pyro_name or "GaussianQ"]
 
 
 def test_an_average_of_the_hidden_layers_goes_with_the_exact_finish_of_the_last(monkeypatch, capsys):
@@ -240,7 +249,8 @@ def test_auto_average_covers_the_hidden_layers_of_all_beside_the_exact_finish(mo
 
     monkeypatch.setattr(fit_module, "TrainingStep", Recorded)
     dgp = _dgp(X)
-    fit(dgp, X, y, num_steps=10, batch_size=40, natgrad_layers="all")  # shown progress; warnings are errors here
+    state = fit(dgp, X, y, num_steps=10, batch_size=40, natgrad_layers="all")  # progress shown; warnings: errors
+    assert state.not_averaged == ["layer0.q_u"]
     plan = trainers[-1].plan
     assert plan.average == AUTO_HIDDEN_AVERAGE and plan.averager.families == [dgp.layers[0].q_u]
     assert plan.averager.start == 9 and plan.averager.kept == ["layer0.q_u"]  # 10 steps: near its 1e-5 start
