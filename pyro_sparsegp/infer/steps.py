@@ -60,19 +60,20 @@ def _create_lazy_parameters(module, Xb, yb, num_data) -> None:
 
 class _TorchOptim(PyroOptim):
     """A ``PyroOptim`` over one torch optimiser built beforehand on a fixed list of parameters (``fit``'s Adam):
-    a call steps those of them handed over that have a gradient (a hidden layer's family is among Adam's parameters
-    until it joins the natural steps, ``natgrad_hidden_start``), and the state is the torch optimiser's
-    ``state_dict``. Takes and returns no tensor, so shapes do not apply."""
+    a call steps every one of them that has a gradient, except those in ``skip`` (a hidden layer's family is among
+    Adam's parameters until it joins the natural steps, ``natgrad_hidden_start``; from then on it is skipped), and
+    the state is the torch optimiser's ``state_dict``. Takes and returns no tensor, so shapes do not apply."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):  # no PyroOptim.__init__: no per-parameter optimisers
-        self.optimizer = optimizer
+        self.optimizer, self.skip = optimizer, set()  # skip: ids of parameters that take natural steps now
 
     def __call__(self, params, *args, **kwargs) -> None:
-        given = {id(p) for p in params}  # only these: a family that took a natural step keeps its gradient unused
+        # every parameter of the torch optimiser with a gradient, as before, except the families that joined the
+        # natural steps (``skip``: they keep their gradients for the natural step; Adam skips a None gradient)
         held = [(p, p.grad) for g in self.optimizer.param_groups for p in g["params"]
-                if p.grad is not None and id(p) not in given]
+                if p.grad is not None and id(p) in self.skip]
         for p, _ in held:
-            p.grad = None  # torch's Adam skips a parameter without a gradient (its state stays as it was)
+            p.grad = None
         try:
             self.optimizer.step()
         finally:
@@ -118,14 +119,14 @@ class TrainingStep:
             nat_ids.add(id(self.noise_lik.noise_unconstrained))
         self.params = list(module.parameters())
         self.optimizer = torch.optim.Adam([p for p in self.params if id(p) not in nat_ids], lr=lr)
-        adam = _TorchOptim(self.optimizer)
+        adam = self.adam = _TorchOptim(self.optimizer)
         self.plan.start(families or self.plan.families(), self.noise_lik or noise_natgrad_likelihood(module),
                         natgrad_lr)
         if not families:
             self.engine, self.handed = adam, self.params
             return
         num_obs = num_data if self.noise_lik is not None else None  # set per batch in update
-        self.solo = solo
+        self.solo, self.late = solo, self.plan.late(families)
         self.engine = NaturalGradient(adam, self.plan.schedule, families=solo, num_obs=num_obs,
                                       retraction=self.plan.retract)
         # what NaturalGradient is handed: not the pairs' families (their joint step is below) nor another Gaussian
@@ -166,15 +167,13 @@ class TrainingStep:
         with context():
             if self.noise_lik is not None:  # y [B] or [B, L]: num_data * L observations share the noise
                 self.engine.num_obs = self.num_data * (yb.numel() // max(yb.shape[0], 1))
-            pairs, handed = self.pairs, self.handed
-            if isinstance(self.engine, NaturalGradient):
+            pairs = self.pairs
+            if isinstance(self.engine, NaturalGradient):  # late families join at hidden_start (Adam's before)
                 self.engine.step_count = step
-                self.engine.families = self.plan.active(step, self.solo)  # late families join at hidden_start
+                self.engine.families = self.plan.active(step, self.solo)
+                self.adam.skip = {id(p) for q in self.plan.active(step, self.late) for p in q.parameters()}
                 pairs = [gp for gp in self.pairs if self.plan.active(step, [gp.q_u])]
-                waiting = {id(p) for gp in self.pairs if gp not in pairs for q in (gp.q_u, gp.q_v)
-                           for p in q.parameters()}
-                handed = handed + [p for p in self.params if id(p) in waiting]
-            self.engine(handed)
+            self.engine(self.handed)
             lr, retract = (self.plan.lr(step), self.plan.retract) if pairs else (None, None)
             for gp in pairs:
                 if gp.strategy.cross_probe.grad is not None:

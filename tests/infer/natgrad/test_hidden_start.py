@@ -260,3 +260,28 @@ def test_auto_average_covers_the_hidden_layers_of_all_beside_the_exact_finish(mo
         assert trainers[-1].plan.average is None and trainers[-1].plan.averager is None
     fit(ps.SVGP(dgp.layers[0].kernel, X[:5], ps.Gaussian(0.1)), X, y, num_steps=2, progress=False)
     assert trainers[-1].plan.average is None
+
+
+def test_adam_still_trains_a_second_gaussian_noise_beside_the_natural_steps():
+    """The Adam inside ``fit`` steps every parameter it owns that has a gradient except families that joined the
+    natural steps: a module with two Gaussian likelihoods (the module's own takes the Fisher-scoring step, the other
+    is Adam's) trains both noises."""
+    from pyro.contrib.gp.kernels import RBF
+    from pyro.nn import PyroModule
+
+    X, y = _data()
+
+    class Two(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.a = ps.SVGP(RBF(2), X[:6].clone(), ps.Gaussian(0.1))
+            self.b = ps.SVGP(RBF(2), X[6:12].clone(), ps.Gaussian(0.1))
+            self.likelihood = self.a.likelihood
+
+        def analytic_elbo(self, Xb, yb, num_data=None):
+            return self.a.analytic_elbo(Xb, yb, num_data=num_data) + self.b.analytic_elbo(Xb, yb, num_data=num_data)
+
+    two = Two()
+    noises = [float(two.a.likelihood.noise.detach()), float(two.b.likelihood.noise.detach())]
+    fit(two, X, y, num_steps=5, batch_size=40, natgrad_lr=0.1, progress=False, finish=None)
+    assert float(two.a.likelihood.noise.detach()) != noises[0] and float(two.b.likelihood.noise.detach()) != noises[1]
