@@ -113,7 +113,8 @@ class TrainingStep:
         self.pairs = natgrad_pairs(module, trainable) if elbo == "analytic" else []
         paired = {id(q) for gp in self.pairs for q in (gp.q_u, gp.q_v)}
         solo = [q for q in families if id(q) not in paired]
-        late = {id(q) for q in self.plan.late(families)}  # Adam's until they join the natural steps
+        self.late = self.plan.late(families)  # Adam's until they join the natural steps (natgrad_hidden_start)
+        late = {id(q) for q in self.late}
         nat_ids = {id(p) for q in families if id(q) not in late for p in q.parameters()}
         if self.noise_lik is not None:
             nat_ids.add(id(self.noise_lik.noise_unconstrained))
@@ -126,7 +127,7 @@ class TrainingStep:
             self.engine, self.handed = adam, self.params
             return
         num_obs = num_data if self.noise_lik is not None else None  # set per batch in update
-        self.solo, self.late = solo, self.plan.late(families)
+        self.solo = solo
         self.engine = NaturalGradient(adam, self.plan.schedule, families=solo, num_obs=num_obs,
                                       retraction=self.plan.retract)
         # what NaturalGradient is handed: not the pairs' families (their joint step is below) nor another Gaussian
