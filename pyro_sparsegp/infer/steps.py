@@ -128,6 +128,9 @@ class TrainingStep:
             return
         num_obs = num_data if self.noise_lik is not None else None  # set per batch in update
         self.solo = solo
+        # before the join (plan.hidden_start): the families, pairs and Adam's skipped ids, fixed once (no per-step work)
+        self._early = (self.plan.active(0, solo), [gp for gp in self.pairs if id(gp.q_u) not in late])
+        self._late_ids = {id(p) for q in self.late for p in q.parameters()}
         self.engine = NaturalGradient(adam, self.plan.schedule, families=solo, num_obs=num_obs,
                                       retraction=self.plan.retract)
         # what NaturalGradient is handed: not the pairs' families (their joint step is below) nor another Gaussian
@@ -171,9 +174,9 @@ class TrainingStep:
             pairs = self.pairs
             if isinstance(self.engine, NaturalGradient):  # late families join at hidden_start (Adam's before)
                 self.engine.step_count = step
-                self.engine.families = self.plan.active(step, self.solo)
-                self.adam.skip = {id(p) for q in self.plan.active(step, self.late) for p in q.parameters()}
-                pairs = [gp for gp in self.pairs if self.plan.active(step, [gp.q_u])]
+                joined = step >= self.plan.hidden_start
+                self.engine.families, pairs = (self.solo, self.pairs) if joined else self._early
+                self.adam.skip = self._late_ids if joined else set()
             self.engine(self.handed)
             lr, retract = (self.plan.lr(step), self.plan.retract) if pairs else (None, None)
             for gp in pairs:
