@@ -7,6 +7,7 @@ items 3-4). Prints a table and writes JSON rows keyed by ``dataset``/``likelihoo
                                                              nat_all_80 default_avg nat_late] [--json PATH]
                                               [--stress-seeds 20] [--stress-steps 100] [--eval-samples 100]
                                               [--workers 1] [--time-limit SECONDS] [--progress-every 0]
+    python benchmarks/natgrad_nonconjugate.py --summarize A.json [B.json ...] [--json PATH]
 
 **Digits** (scikit-learn ``load_digits``: 1,797 8x8 images, 10 classes): one fixed split (``numpy`` permutation with
 seed 0: the first 1,200 rows train, the other 597 test), inputs standardised on the training rows (constant pixels
@@ -50,7 +51,10 @@ Runs of separate seeds are independent: ``--workers W`` runs them in ``W`` proce
 with ``--device cuda`` they share the GPU: docs/gpu.md; their logs go to ``--log-dir``), ``--progress-every K`` makes
 each print a line per ``K`` steps, and ``--time-limit T`` stops the runs after ``T`` seconds, reporting each with the
 steps it reached and ``failure`` "stopped" (a device's per-call limit). On an H100, DGP 3's 5,000 steps took about 250 s
-with 6 workers.
+with 6 workers. Each DGP row names its ``device``; ``--summarize`` trains nothing and prints the tables of the DGP rows
+of earlier runs' JSON files together (several devices and sessions), pairing seeds only on the same device.
+``benchmarks/records/natgrad_dgp_kin8nm.json`` holds the 5,000-step runs measured so far (its ``source`` field says
+where each row came from).
 """
 
 from __future__ import annotations
@@ -208,7 +212,14 @@ def dgp_row(args, model: str, seed: int, method: str, steps: int) -> dict:
         row["train_elbo"] = sum(dgp.analytic_elbo(X[i:i + 2000], y[i:i + 2000], num_data=len(X)).item()
                                 * len(X[i:i + 2000]) for i in range(0, len(X), 2000)) / len(X) ** 2
     return row | {"noise": float(dgp.likelihood.noise.detach()), "wall_s": secs, "failure": fail,
-                  "not_averaged": " ".join(kept)}
+                  "not_averaged": " ".join(kept), "device": _device_name(args.device)}
+
+
+def _device_name(device: str) -> str:
+    """``"cpu"`` or the GPU's name (``"cuda: NVIDIA H100 80GB HBM3"``): runs on different devices draw different
+    numbers, so the summary pairs a seed's methods only on the same device."""
+    d = torch.device(device)
+    return f"cuda: {torch.cuda.get_device_name(d)}" if d.type == "cuda" else d.type
 
 
 def _child_command(args, model, seed, method, steps, path) -> list:
@@ -303,8 +314,9 @@ def _mean_se(xs) -> tuple:
 
 
 def summary(rows) -> list:
-    """Mean (and its standard error over seeds) per (likelihood, method) of the finished DGP runs, and each method's
-    paired difference from ``default`` over the seeds that finished both."""
+    """Per (likelihood, method), the finished DGP runs on every device: their count, means (the test
+    log-likelihood's with its standard error over seeds) and failures; then each method's paired difference from
+    ``default`` over the seeds that finished both on the same device (rows without a ``device`` ran on the CPU)."""
     done = [r for r in rows if "test_ll" in r]
     out = {}
     for r in done:
@@ -312,18 +324,32 @@ def summary(rows) -> list:
     res = []
     for (model, method), rs in out.items():
         ll, se = _mean_se([r["test_ll"] for r in rs])
-        mean = {k: sum(r[k] for r in rs) / len(rs) for k in ("rmse", "train_elbo", "wall_s")}
+        # the mean of the runs that have each metric (a probe's rows may lack RMSE and time)
+        mean = {k: sum(v) / len(v) for k in ("rmse", "train_elbo", "wall_s") if (v := [r[k] for r in rs if k in r])}
         res.append({"model": model, "method": method, "seeds": len(rs), "test_ll": ll, "test_ll_se": se, **mean,
                     "failures": sum(bool(r["failure"]) for r in rs)})
     for model, method in sorted({(r["likelihood"], r["method"]) for r in done if r["method"] != "default"}):
-        by = {(r["method"], r["seed"]): r for r in done if r["likelihood"] == model}
-        seeds = sorted(s for (m, s) in by if m == method and ("default", s) in by)
-        if seeds:
-            d_ll = _mean_se([by[method, s]["test_ll"] - by["default", s]["test_ll"] for s in seeds])
-            d_b = _mean_se([by[method, s]["train_elbo"] - by["default", s]["train_elbo"] for s in seeds])
-            res.append({"model": model, "method": f"{method} - default", "seeds": len(seeds), "test_ll": d_ll[0],
+        by = {(r["method"], (r["seed"], r.get("device", "cpu"))): r for r in done if r["likelihood"] == model}
+        keys = sorted(k for (m, k) in by if m == method and ("default", k) in by)  # (seed, device)
+        if keys:
+            d_ll = _mean_se([by[method, k]["test_ll"] - by["default", k]["test_ll"] for k in keys])
+            d_b = _mean_se([by[method, k]["train_elbo"] - by["default", k]["train_elbo"] for k in keys])
+            res.append({"model": model, "method": f"{method} - default", "seeds": len(keys), "test_ll": d_ll[0],
                         "test_ll_se": d_ll[1], "train_elbo": d_b[0]})
     return res
+
+
+def dgp_tables(rows) -> None:
+    """Print the DGP runs ``rows`` and their :func:`summary`, log-likelihoods and bounds to four decimals (the
+    differences between methods are in the third)."""
+    def fine(rs):
+        return [r | {k: f"{r[k]:.4f}" for k in ("test_ll", "test_ll_many", "test_ll_se", "train_elbo") if k in r}
+                for r in rs]
+
+    print("\n" + table(fine(rows), ["likelihood", "method", "seed", "steps", "test_ll", "test_ll_many", "rmse",
+                                    "train_elbo", "noise", "wall_s", "failure", "device"]))
+    print("\n" + table(fine(summary(rows)), ["model", "method", "seeds", "test_ll", "test_ll_se", "rmse", "train_elbo",
+                                             "wall_s", "failures"]))
 
 
 def main():
@@ -341,7 +367,14 @@ def main():
     p.add_argument("--time-limit", type=float, default=math.inf, help="stop parallel DGP runs after this (s)")
     p.add_argument("--progress-every", type=int, default=0, help="a progress line per this many DGP steps")
     p.add_argument("--log-dir", help="where parallel DGP runs write their logs (default: a new temporary folder)")
+    p.add_argument("--summarize", nargs="+", metavar="JSON", help="no runs: the DGP tables of these files' rows")
     args = p.parse_args()
+    if args.summarize:  # the rows of several invocations (devices, sessions) together
+        import json
+
+        rows = [r for path in args.summarize for r in json.loads(Path(path).read_text()) if "seed" in r]
+        dgp_tables(rows)
+        return write_json(args.json, rows + summary(rows))
     if args.quick:
         args.steps, args.dgp_steps, args.dgp_seeds, args.dgp_models = [30], 50, [0], ["dgp2"]
         args.stress_seeds, args.stress_steps = 2, 10
@@ -357,10 +390,7 @@ def main():
                 for method in args.dgp_methods]
         dgp = kin8nm_rows(args, jobs, args.dgp_steps)
         rows += dgp
-        print("\n" + table(dgp, ["likelihood", "method", "seed", "steps", "test_ll", "test_ll_many", "rmse",
-                                 "train_elbo", "noise", "wall_s", "failure"]))
-        print("\n" + table(summary(dgp), ["model", "method", "seeds", "test_ll", "test_ll_se", "rmse", "train_elbo",
-                                          "wall_s", "failures"]))
+        dgp_tables(dgp)
     if args.part in ("stress", "all"):
         rows += stress_rows(args)
     write_json(args.json, rows)

@@ -238,12 +238,40 @@ def test_natgrad_dgp_summary_pairs_the_seeds():
             for m, s, ll, b in [("default", 0, 1.0, -0.3), ("nat_all", 0, 1.1, -0.2), ("default", 1, 2.0, -0.3),
                                 ("nat_all", 1, 1.8, -0.1), ("default", 2, 1.5, -0.3)]]
     rows.append({"likelihood": "dgp3", "method": "nat_all", "seed": 2, "steps": 40, "failure": "stopped"})
+    # seed 0 again on a GPU (no RMSE or time recorded): counted in the means, never paired with the CPU's default
+    rows.append({"likelihood": "dgp3", "method": "nat_all", "seed": 0, "test_ll": 1.3, "train_elbo": -0.3,
+                 "failure": "", "device": "cuda: X"})
     out = {r["method"]: r for r in nn.summary(rows)}
+    assert out["nat_all"]["seeds"] == 3 and math.isclose(out["nat_all"]["test_ll"], 1.4)
+    assert math.isclose(out["nat_all"]["train_elbo"], -0.2) and math.isclose(out["nat_all"]["rmse"], 0.1)
     assert out["default"]["seeds"] == 3 and math.isclose(out["default"]["test_ll"], 1.5)
     assert math.isclose(out["default"]["test_ll_se"], 0.5 / math.sqrt(3))  # sample sd 0.5 over 3 seeds
     pair = out["nat_all - default"]
     assert pair["seeds"] == 2 and math.isclose(pair["test_ll"], -0.05) and math.isclose(pair["train_elbo"], 0.15)
     assert math.isclose(pair["test_ll_se"], math.sqrt(0.045) / math.sqrt(2))  # differences 0.1, -0.2
+
+
+def test_natgrad_dgp_summarize_joins_files(tmp_path, monkeypatch, capsys):
+    """``--summarize A.json B.json``: no runs; the DGP rows of both files (other rows left out) in one table and one
+    summary, paired across the files, written with ``--json``; the shipped record parses the same way."""
+    import json
+
+    nn = _bench("natgrad_nonconjugate")
+    row = {"likelihood": "dgp2", "steps": 5, "rmse": 0.1, "train_elbo": -0.2, "wall_s": 1.0, "failure": ""}
+    (tmp_path / "a.json").write_text(json.dumps([row | {"method": "default", "seed": 3, "test_ll": 1.25},
+                                                 {"dataset": "digits", "method": "ep", "accuracy": 0.9}]))
+    (tmp_path / "b.json").write_text(json.dumps([row | {"method": "nat_all", "seed": 3, "test_ll": 1.5}]))
+    out = tmp_path / "s.json"
+    monkeypatch.setattr(sys, "argv", ["x", "--summarize", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                                      "--json", str(out)])
+    nn.main()
+    rows = json.loads(out.read_text())
+    assert [r["method"] for r in rows] == ["default", "nat_all", "default", "nat_all", "nat_all - default"]
+    assert rows[-1]["seeds"] == 1 and math.isclose(rows[-1]["test_ll"], 0.25)
+    assert "1.2500" in capsys.readouterr().out  # four decimals
+    record = json.loads((BENCH / "records" / "natgrad_dgp_kin8nm.json").read_text())
+    assert {r["method"] for r in nn.summary(record)} >= {"default", "nat_all", "nat_all - default"}
+    assert all(r["steps"] == 5000 and r["source"] for r in record)
 
 
 def test_natgrad_dgp_parallel_runs_match_and_stop(tmp_path):
