@@ -197,7 +197,7 @@ def test_time_to_accuracy_rows_carry_both_gpytorch_ratios_and_the_curve():
 def _dgp_args(**kw):
     import argparse
 
-    base = dict(dgp_models=["dgp2"], dgp_seeds=[0], dgp_steps=6, dgp_methods=["nat_all", "nat_all_avg"],
+    base = dict(dgp_models=["dgp2"], dgp_seeds=[0], dgp_steps=6, dgp_methods=["nat_all", "nat_all_last"],
                 eval_samples=100, progress_every=0, workers=1, time_limit=math.inf, device="cpu", log_dir=None)
     return argparse.Namespace(**(base | kw))
 
