@@ -11,8 +11,8 @@ import torch
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.infer import progress
-from pyro_sparsegp.infer.progress import Progress
+from pyro_sparsegp.infer.training import progress
+from pyro_sparsegp.infer.training.progress import Progress
 
 
 def _fit_into(stream, monkeypatch, steps):

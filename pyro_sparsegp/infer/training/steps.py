@@ -22,9 +22,8 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 from pyro.optim import PyroOptim
 
-from ..likelihoods import Gaussian
-from .distributed import average_loss_and_gradients
-from .natgrad import (
+from ...likelihoods import Gaussian
+from ..natgrad import (
     clear_natgrad_probes,
     natgrad_from_grads_,
     natgrad_pairs,
@@ -32,8 +31,9 @@ from .natgrad import (
     set_natgrad_probes,
     solvegp_joint_natgrad_from_grads_,
 )
-from .natgrad_options import resolve_natgrad
-from .natural_gradient import NaturalGradient
+from ..natgrad.optimizer import NaturalGradient
+from ..natgrad.policy import resolve_natgrad
+from .distributed import average_loss_and_gradients
 
 __all__ = ["TrainingStep"]
 

@@ -66,7 +66,7 @@ class RunningAverageStart:
     """
 
     def __init__(self, target: float):
-        from .natgrad import check_natgrad_lr
+        from .damping import check_natgrad_lr
 
         self.target, self.steps = check_natgrad_lr(target), 0  # ``steps``: no ramp from a small length (for reprs)
 
@@ -90,7 +90,7 @@ def as_schedule(lr, warmup: int = 0, start: float = 1e-4):
     al. 2018's warm-up; module docstring)."""
     if callable(lr):
         return lr
-    from .natgrad import check_natgrad_lr
+    from .damping import check_natgrad_lr
 
     lr = check_natgrad_lr(lr)
     return LogLinearWarmup(lr, steps=warmup, start=min(float(start), lr))

@@ -21,8 +21,8 @@ import re
 
 import torch
 
-from ..deferred import DeferredChecks, deferred_checks
-from ..linalg import CholeskyJitterWarning, _warn_once
+from ...deferred import DeferredChecks, deferred_checks
+from ...linalg import CholeskyJitterWarning, _warn_once
 from .distributed import max_over_ranks_
 
 __all__ = ["NonFiniteLossError", "StepGuard", "deferred_checks_for"]

@@ -1,7 +1,8 @@
 r"""``fit``'s natural-gradient options, resolved in one place: the step length (``natgrad_lr``, ``"auto"`` per
-likelihood and layer type), its warm-up (:mod:`~pyro_sparsegp.infer.schedules`), the positive-definite step
+likelihood and layer type), its warm-up (:mod:`~pyro_sparsegp.infer.natgrad.schedules`), the positive-definite step
 (``retraction``, Lin, Schmidt, Khan 2020; :func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`),
-which layers' families take natural steps, and the iterate average at the end (:mod:`~pyro_sparsegp.infer.averaging`).
+which layers' families take natural steps, and the iterate average at the end
+(:mod:`~pyro_sparsegp.infer.natgrad.averaging`).
 
 The ``"auto"`` policy (measured by ``benchmarks/natgrad_nonconjugate.py``; see :func:`resolve_natgrad`):
 
@@ -9,8 +10,8 @@ The ``"auto"`` policy (measured by ``benchmarks/natgrad_nonconjugate.py``; see :
   (conjugate given the bound: the plain step's precision is positive definite by itself): step length 0.1, the
   plain step (exact at length 1), on the module's own families (a DeepGP's last layer); no warm-up, but a single
   layer's first steps are the running average of
-  :class:`~pyro_sparsegp.infer.schedules.RunningAverageStart` (:math:`\max(0.1, 1/(k+1))`): a length-1 first step is
-  exact there, and the running mean of the first minibatches' optima beats a 10% pull from the prior
+  :class:`~pyro_sparsegp.infer.natgrad.schedules.RunningAverageStart` (:math:`\max(0.1, 1/(k+1))`): a length-1 first
+  step is exact there, and the running mean of the first minibatches' optima beats a 10% pull from the prior
   (``natgrad_warmup=0`` gives the constant step);
 * every other likelihood on the closed-form bound (Bernoulli, robust-max, softmax): natural steps of length
   :data:`AUTO_NONCONJUGATE_LR` with the positive-definite step and a warm-up of :data:`AUTO_WARMUP` steps, except
@@ -71,7 +72,7 @@ import math
 import numbers
 
 from .averaging import IterateAverage
-from .natgrad import natgrad_families
+from .families import natgrad_families
 from .schedules import LogLinearWarmup, RunningAverageStart
 
 __all__ = ["resolve_natgrad", "NatGradPlan", "all_layer_families", "AUTO_NONCONJUGATE_LR", "AUTO_WARMUP",
@@ -90,7 +91,7 @@ _LAYERS = ("auto", "last", "all")
 def _on_patches(module) -> bool:
     """Whether ``module`` has inducing patches (a convolutional or TICK model, a conv + RBF sum, a deep conv GP):
     ``"auto"`` leaves their robust-max q(u) to Adam (module docstring). No tensors, so shapes do not apply."""
-    from ..inducing import InducingPatches
+    from ...inducing import InducingPatches
 
     return any(isinstance(m, InducingPatches) for m in module.modules())
 
@@ -99,7 +100,7 @@ def all_layer_families(module) -> list:
     """Every full-covariance :class:`~pyro_sparsegp.variational.GaussianQ` in ``module`` (all layers of a deep GP,
     not only those of ``module.natgrad_families()``). Returns a list of modules (``u_loc [..., M]``, ``u_scale_tril
     [..., M, M]``), the families of Hensman, Fusi, Lawrence 2013, section 3.2."""
-    from ..variational import GaussianQ
+    from ...variational import GaussianQ
 
     return [m for m in module.modules() if isinstance(m, GaussianQ) and m.learn_scale]
 
@@ -111,7 +112,7 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
     ``default_elbo``: what ``fit`` would use without one (``"analytic"`` or a Pyro ELBO); ``batch_fraction``: ``B / N``
     (``None``: unknown, taken as large enough). No tensors, so shapes do not apply. Implements the choices of
     Salimbeni, Eleftheriadis, Hensman (2018) and Lin, Schmidt, Khan (2020)."""
-    from ..likelihoods import Gaussian, PolyaGammaLogit, RobustMax
+    from ...likelihoods import Gaussian, PolyaGammaLogit, RobustMax
 
     analytic = (elbo is None or elbo == "analytic") and default_elbo == "analytic"
     # conjugate given the bound: Gaussian, and Polya-Gamma's augmented bound (Gaussian in u given omega, whose
@@ -161,7 +162,7 @@ class NatGradPlan:
     Eleftheriadis, Hensman 2018's warm-up; Lin, Schmidt, Khan 2020's positive-definite step; Polyak-Ruppert averaging
     of the natural parameters of Hensman, Fusi, Lawrence 2013, section 3.2): built by
     :func:`resolve_natgrad`, then :meth:`start` once the families are known. No tensors of its own (the average's are
-    in :class:`~pyro_sparsegp.infer.averaging.IterateAverage`), so shapes do not apply."""
+    in :class:`~pyro_sparsegp.infer.natgrad.averaging.IterateAverage`), so shapes do not apply."""
 
     def __init__(self, module, warmup, retraction, layers, average, num_steps, conjugate, running_start=False,
                  hidden_start=0):
@@ -183,9 +184,10 @@ class NatGradPlan:
         return natgrad_families(self.module)
 
     def start(self, families, noise_lik, natgrad_lr) -> None:
-        """Fix the schedule (a :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup` to ``natgrad_lr``), the families
-        off the likelihood's layer (for the ``"auto"`` positive-definite step) and the averager (if ``average``: of
-        ``families`` and the noise, or with the exact finish (:attr:`finished`) of the :meth:`hidden` families only).
+        """Fix the schedule (a :class:`~pyro_sparsegp.infer.natgrad.schedules.LogLinearWarmup` to ``natgrad_lr``), the
+        families off the likelihood's layer (for the ``"auto"`` positive-definite step) and the averager (if
+        ``average``: of ``families`` and the noise, or with the exact finish (:attr:`finished`) of the :meth:`hidden`
+        families only).
         ``families``: modules (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``); ``noise_lik``: a Gaussian
         likelihood with a scalar ``()`` noise, or ``None``."""
         own = {id(q) for q in natgrad_families(self.module)}

@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from .natgrad.from_grads import _set_constrained
+from .from_grads import _set_constrained
 
 __all__ = ["IterateAverage", "MAX_CONDITION"]
 

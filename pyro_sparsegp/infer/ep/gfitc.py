@@ -59,10 +59,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..linalg import cholesky
-from ..mean_functions import Zero
-from .ep_sites import _aggregate, _check_module, _fitc_stats, _gauss, _log_norm, _proj, _write_q
-from .progress import Progress
+from ...linalg import cholesky
+from ...mean_functions import Zero
+from ..training.progress import Progress
+from .sites import _aggregate, _check_module, _fitc_stats, _gauss, _log_norm, _proj, _write_q
 
 __all__ = ["fit_gfitc", "GFITCState", "GFITCConvergenceWarning", "gfitc_log_evidence", "gfitc_marginals",
            "gfitc_refine", "gfitc_surrogate"]

@@ -30,10 +30,10 @@ import numbers
 import torch
 from pyro.optim import PyroOptim
 
-from ..likelihoods import live_gaussian_likelihoods
-from ..variational import live_gaussian_families
+from ...likelihoods import live_gaussian_likelihoods
+from ...variational import live_gaussian_families
 from .averaging import IterateAverage
-from .natgrad import natgrad_from_grads_, noise_step_from_grads_
+from .from_grads import natgrad_from_grads_, noise_step_from_grads_
 from .schedules import as_schedule
 
 __all__ = ["NaturalGradient"]
@@ -102,7 +102,7 @@ class NaturalGradient(PyroOptim):
 
     :param optim: a :class:`pyro.optim.PyroOptim` (e.g. ``pyro.optim.Adam({"lr": 0.01})``) for the other parameters.
     :param natgrad_lr: step length :math:`\rho` in ``(0, 1]``, or a schedule ``step -> float`` (e.g.
-        :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup`; ``step`` counts this optimiser's calls from 0).
+        :class:`~pyro_sparsegp.infer.natgrad.schedules.LogLinearWarmup`; ``step`` counts this optimiser's calls from 0).
     :param families: the ``GaussianQ`` modules to step (e.g. ``ps.infer.natgrad_families(dgp)``: a DeepGP's last
         layer only), or ``None`` (default): every full-covariance ``GaussianQ`` alive whose parameters SVI passes.
         Families left out are trained by ``optim``. The attribute ``families`` may be changed between steps: setting it
@@ -113,8 +113,8 @@ class NaturalGradient(PyroOptim):
         Fisher-scoring step of length ``natgrad_lr`` that ``fit`` takes (``noise_step_from_grads_``). ``None``
         (default): the noise goes to ``optim``.
     :param int warmup: a log-linear warm-up of the step length from ``warmup_start`` to ``natgrad_lr`` over this
-        many steps (Salimbeni, Eleftheriadis, Hensman 2018; :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup`);
-        ``0`` (default): none.
+        many steps (Salimbeni, Eleftheriadis, Hensman 2018;
+        :class:`~pyro_sparsegp.infer.natgrad.schedules.LogLinearWarmup`); ``0`` (default): none.
     :param float warmup_start: the first step length of the warm-up (default ``1e-4``, the paper's).
     :param retraction: ``True`` (default): the positive-definite precision step of Lin, Schmidt, Khan (2020) (see
         :func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`): never damped, and stable with the
@@ -123,8 +123,8 @@ class NaturalGradient(PyroOptim):
         ``family -> bool`` choosing per family (``fit`` passes its plan's).
     :param int average_from: from this step on (counting calls from 0), keep the Polyak-Ruppert average of the
         stepped families' natural parameters and of the stepped noises
-        (:class:`~pyro_sparsegp.infer.averaging.IterateAverage`); call :meth:`write_average` at the end of training
-        to put it into the modules. ``None`` (default): no averaging.
+        (:class:`~pyro_sparsegp.infer.natgrad.averaging.IterateAverage`); call :meth:`write_average` at the end of
+        training to put it into the modules. ``None`` (default): no averaging.
 
     ``get_state``/``set_state``/``save``/``load`` are the wrapped optimiser's (the natural-gradient steps keep no
     state).
@@ -183,7 +183,7 @@ class NaturalGradient(PyroOptim):
 
     def write_average(self) -> bool:
         """Write the Polyak-Ruppert average kept since step ``average_from`` into the families and noises (in place;
-        :class:`~pyro_sparsegp.infer.averaging.IterateAverage`). Returns whether there was one (``False`` before
+        :class:`~pyro_sparsegp.infer.natgrad.averaging.IterateAverage`). Returns whether there was one (``False`` before
         step ``average_from`` or without ``average_from``). No tensors in or out, so shapes do not apply."""
         return self.average is not None and self.average.write_()
 
