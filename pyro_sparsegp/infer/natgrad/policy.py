@@ -72,8 +72,9 @@ import math
 import numbers
 
 from .averaging import IterateAverage
+from .control import StepControl
 from .families import natgrad_families
-from .schedules import LogLinearWarmup, RunningAverageStart
+from .schedules import Cooldown, LogLinearWarmup, RunningAverageStart
 
 __all__ = ["resolve_natgrad", "NatGradPlan", "all_layer_families", "AUTO_NONCONJUGATE_LR", "AUTO_WARMUP",
            "AUTO_MIN_BATCH_FRACTION", "AUTO_HIDDEN_START", "AUTO_HIDDEN_AVERAGE"]
@@ -85,6 +86,8 @@ AUTO_MIN_BATCH_FRACTION = 1 / 32  # "auto" gives robust-max natural steps only f
 AUTO_HIDDEN_START = 0.5  # natgrad_layers="all": the fraction of the steps after which the hidden layers join
 AUTO_HIDDEN_AVERAGE = 0.1  # natgrad_layers="all", average="auto": the last fraction of the steps whose hidden
 # iterates are averaged (beside the exact finish of the last layer)
+AUTO_COOLDOWN = 0.5  # cooldown="auto": the last half of the steps of non-conjugate natural steps decay
+COOLDOWN_FACTOR = 0.1  # the step lengths at the end of a cooldown, relative to their held values
 _LAYERS = ("auto", "last", "all")
 
 
@@ -106,7 +109,7 @@ def all_layer_families(module) -> list:
 
 
 def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", retraction="auto", layers="auto",
-                    average="auto", num_steps=0, batch_fraction=None, hidden_start="auto"):
+                    average="auto", num_steps=0, batch_fraction=None, hidden_start="auto", cooldown=None):
     """``(natgrad_lr, plan)``: the step length after the warm-up (a float, or ``None``: natural gradients off) and
     the :class:`NatGradPlan` for ``fit`` (module docstring for ``"auto"``). ``elbo``: ``fit``'s argument;
     ``default_elbo``: what ``fit`` would use without one (``"analytic"`` or a Pyro ELBO); ``batch_fraction``: ``B / N``
@@ -144,7 +147,23 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
                          f"None, got {average!r}")
     plan = NatGradPlan(module, int(warmup), retraction, layers, average, num_steps, conjugate and analytic,
                        running_start, _hidden_start(hidden_start, num_steps))
+    if natgrad_lr is not None and not (conjugate and analytic):  # the step control of control.py
+        plan.control = StepControl(start=int(warmup))
+    if isinstance(cooldown, str) and cooldown == "auto":
+        cooldown = AUTO_COOLDOWN if natgrad_lr is not None and not (conjugate and analytic) else None
+    plan.cooldown = _cooldown(cooldown)
     return natgrad_lr, plan
+
+
+def _cooldown(cooldown) -> float:
+    """The last fraction of the steps over which the step lengths decay (:class:`~.schedules.Cooldown`): ``None``
+    or ``0`` for none. No tensors, so shapes do not apply."""
+    if cooldown is None:
+        return 0.0
+    if isinstance(cooldown, bool) or not isinstance(cooldown, numbers.Real) or not 0.0 <= float(cooldown) <= 1.0:
+        raise ValueError(f"cooldown must be a fraction in [0, 1] of the steps (the last ones decay), 'auto' or None, "
+                         f"got {cooldown!r}")
+    return float(cooldown)
 
 
 def _hidden_start(hidden_start, num_steps: int) -> int:
@@ -155,6 +174,20 @@ def _hidden_start(hidden_start, num_steps: int) -> int:
     if isinstance(hidden_start, bool) or not isinstance(hidden_start, numbers.Integral) or hidden_start < 0:
         raise ValueError(f"natgrad_hidden_start must be an integer >= 0 (a step) or 'auto', got {hidden_start!r}")
     return int(hidden_start)
+
+
+class _Controlled:
+    """A schedule times the step control's multiplier (floats; no tensors, so shapes do not apply)."""
+
+    def __init__(self, base, control):
+        self.base, self.control = base, control
+        self.target, self.steps = getattr(base, "target", None), getattr(base, "steps", 0)
+
+    def __call__(self, step: int) -> float:
+        return self.base(step) * self.control.scale
+
+    def __repr__(self) -> str:
+        return f"{self.base!r} x {self.control.scale:g}"
 
 
 class NatGradPlan:
@@ -174,6 +207,8 @@ class NatGradPlan:
         self.hidden_start = hidden_start if layers == "all" else 0  # the step from which hidden families join
         self.schedule, self.averager, self._hidden = None, None, set()
         self.finished = False  # fit ends with the exact finish (set by resolve_average): average only hidden()
+        self.cooldown = 0.0  # the last fraction of the steps whose lengths decay to COOLDOWN_FACTOR (Adam's too)
+        self.control = None  # a StepControl: halves every step length when the bound collapses (control.py)
 
     def families(self) -> list:
         """The families that take natural steps: ``natgrad_layers="all"`` every full-covariance ``GaussianQ``, else
@@ -196,6 +231,10 @@ class NatGradPlan:
         if natgrad_lr:
             self.schedule = (RunningAverageStart(natgrad_lr) if exact
                              else LogLinearWarmup(natgrad_lr, self.warmup, min(1e-4, natgrad_lr)))
+            if self.cooldown:
+                self.schedule = Cooldown(self.schedule, self.cooldown_start, self.num_steps, COOLDOWN_FACTOR)
+            if self.control is not None:
+                self.schedule = _Controlled(self.schedule, self.control)
         self._hidden = {id(q) for q in families if id(q) not in own}
         if self.finished:  # the exact finish sets the module's own families and the noise: average the hidden ones
             families, noise_lik = self.hidden(families), None
@@ -236,6 +275,25 @@ class NatGradPlan:
             return list(families)
         late = {id(q) for q in self.late(families)}
         return [q for q in families if id(q) not in late]
+
+    @property
+    def cooldown_start(self) -> int:
+        """The first step of the decay (``num_steps`` without one; an ``int``, so shapes do not apply)."""
+        return self.num_steps - int(round(self.cooldown * self.num_steps))
+
+    def adam_multiplier(self, step: int) -> float:
+        """The factor of Adam's learning rate at ``step``: 1, then over the cooldown the same log-linear decay to
+        :data:`COOLDOWN_FACTOR` as the natural steps (:class:`~.schedules.Cooldown`; a float)."""
+        scale = 1.0 if self.control is None else self.control.scale
+        if not self.cooldown or step < self.cooldown_start:
+            return scale
+        span = max(self.num_steps - self.cooldown_start, 1)
+        return scale * COOLDOWN_FACTOR ** (min(step - self.cooldown_start, span) / span)
+
+    def observe(self, first_step: int, losses) -> list:
+        """Feed the losses read back (floats of steps ``first_step, ...``) to the step control; returns its halvings
+        ``[(step, scale)]`` (none without a control; no tensors, so shapes do not apply)."""
+        return [] if self.control is None else self.control.observe(first_step, losses)
 
     def lr(self, step: int) -> float:
         """The natural step length at step ``step`` (after the warm-up: ``natgrad_lr``; no tensors, so shapes do not

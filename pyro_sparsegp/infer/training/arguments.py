@@ -18,7 +18,7 @@ from ...naming import check_not_superseded
 from ..natgrad.policy import NatGradPlan, resolve_natgrad
 from .checkpoint import _read_checkpoint
 from .distributed import _dist
-from .exact_finish import resolve_finish
+from .natural_finish import resolve_any_finish
 from .steps import _default_elbo
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Arguments", "check_arguments"]
@@ -62,8 +62,10 @@ class Arguments:
     dtype: torch.dtype
     device: torch.device
     plan: NatGradPlan  # warm-up, positive-definite step, layers, iterate average (natgrad_options.py)
-    finish: bool  # the exact last step for q(u) and the noise (exact_finish.py)
+    finish: str | None  # "exact" (q(u) and the noise at their optimum, exact_finish.py), "natural" (damped full-data
+    # natural steps, natural_finish.py) or None
     finish_skipped: str | None  # why "auto" did not finish a module that could be (a progress line)
+    finish_passes: int = 0  # the natural finish's passes at most
 
 
 def _natgrad(module, natgrad_lr, elbo, num_steps, batch_fraction, options: dict):
@@ -121,11 +123,12 @@ def _check_data(module, X, y, dataset, loader, num_data):
     return X, y, _int("num_data", num_data, 1), dtype, device
 
 
-def check_arguments(module, X, y, dataset, loader, num_data, run: dict, natgrad_options: dict) -> Arguments:
+def check_arguments(module, data: dict, run: dict, natgrad_options: dict) -> Arguments:
     """fit's arguments checked (a ``ValueError`` or ``TypeError`` naming the first wrong one, before anything is
-    touched) and completed with their defaults: the data (``X [N, D]``, ``y [N, ...]``, a ``dataset`` or a
-    ``loader``), ``run`` (``num_steps``, ``batch_size``, ``lr``, ``natgrad_lr``, ``elbo``, ``seed``, ``checkpoint``,
-    ``checkpoint_every``, ``resume``, ``sync_every``) and the natural-gradient ``natgrad_options``."""
+    touched) and completed with their defaults: ``data`` (``X [N, D]`` and ``y [N, ...]``, a ``dataset`` or a
+    ``loader``, ``num_data``), ``run`` (``num_steps``, ``batch_size``, ``lr``, ``natgrad_lr``, ``elbo``, ``seed``,
+    ``checkpoint``, ``checkpoint_every``, ``resume``, ``sync_every``) and the natural-gradient ``natgrad_options``."""
+    X, y, dataset, loader, num_data = (data[k] for k in ("X", "y", "dataset", "loader", "num_data"))
     num_steps, batch_size, lr, natgrad_lr, elbo, seed = (run[k] for k in (
         "num_steps", "batch_size", "lr", "natgrad_lr", "elbo", "seed"))
     checkpoint, checkpoint_every, resume, sync_every = (run[k] for k in (
@@ -156,8 +159,8 @@ def check_arguments(module, X, y, dataset, loader, num_data, run: dict, natgrad_
     epochs = num_steps * batch_size * _dist()[1] / num_data if loader is None else 0.0
     # an average of a deep GP's hidden layers goes with the exact finish of its last layer; others would clash
     clash = None if plan.hidden(plan.families()) or plan.average_auto else natgrad_options["average"]
-    finish, skipped = resolve_finish(module, finish, elbo, natgrad_lr, loader, clash, num_steps, epochs)
-    plan.resolve_average(finish)
+    finish, skipped, passes = resolve_any_finish(module, finish, elbo, natgrad_lr, loader, clash, num_steps, epochs)
+    plan.resolve_average(finish == "exact")
     if elbo != "analytic" and not hasattr(elbo, "differentiable_loss"):
         raise TypeError('elbo must be a Pyro ELBO with differentiable_loss, or "analytic"')
     if elbo == "analytic" and not hasattr(module, "analytic_elbo"):
@@ -170,4 +173,4 @@ def check_arguments(module, X, y, dataset, loader, num_data, run: dict, natgrad_
                          "ps.infer.NaturalGradient for q(u)")
     sync_every = (20 if device.type != "cpu" else 1) if sync_every is None else _int("sync_every", sync_every, 1)
     return Arguments(X, y, num_data, num_steps, batch_size, lr, natgrad_lr, elbo, seed, checkpoint_every,
-                      sync_every, dtype, device, plan, finish, skipped)
+                      sync_every, dtype, device, plan, finish, skipped, passes)

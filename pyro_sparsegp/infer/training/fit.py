@@ -30,12 +30,14 @@ from __future__ import annotations
 import collections
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 import pyro
 import torch
 from torch.utils.data import DataLoader
 
+from ...reporting import at_step, in_layer
 from .arguments import Arguments, check_arguments
 from .batches import BatchSource, EpochBatchSampler, _first_batch, _round_keys, permute_positions  # noqa: F401
 from .checkpoint import (  # noqa: F401
@@ -58,6 +60,7 @@ from .guard import (  # noqa: F401
     _Snapshots,
     deferred_checks_for,
 )
+from .natural_finish import natural_finish_run
 from .progress import Progress
 from .steps import TrainingStep, _create_lazy_parameters
 
@@ -82,12 +85,13 @@ def _guarded_step(step: int, source: BatchSource, trainer: TrainingStep, guard: 
     """Step ``step``: its batch, the loss and gradients, the guard's row, the update. A numerical failure goes to
     the guard (which restores the last good parameters and raises :class:`NonFiniteLossError`); others propagate."""
     try:
-        Xb, yb = next(source)
-        loss = trainer.gradients(Xb, yb, guard.context)
-        guard.record(step, loss, trainer.grads())
-        trainer.update(yb, guard.context, step)
-        guard.after_update()
-        trainer.plan.after_step(step)  # the iterate average (``average``)
+        with at_step(step):  # warnings raised in the step name it (pyro_sparsegp.reporting)
+            Xb, yb = next(source)
+            loss = trainer.gradients(Xb, yb, guard.context)
+            guard.record(step, loss, trainer.grads())
+            trainer.update(yb, guard.context, step)
+            guard.after_update()
+            trainer.plan.after_step(step)  # the iterate average (``average``)
     except (NonFiniteLossError, _Redo):
         raise
     except Exception as exc:  # noqa: BLE001 - classified: only numerical failures are caught
@@ -124,6 +128,7 @@ def fit(
     natgrad_hidden_start: int | str = "auto",
     average: float | str | None = "auto",
     finish: str | None = "auto",
+    cooldown: float | str | None = "auto",
 ) -> FitState:
     """Train ``module`` by maximising its ELBO; returns a :class:`FitState` (the per-step losses, negative ELBO
     estimates). The arguments in brief (each in full, with the policies and measurements behind the defaults, in
@@ -148,13 +153,22 @@ def fit(
 
     :raises NonFiniteLossError: on a numerical failure, after restoring the last good parameters; it names the step.
     """
-    a = check_arguments(module, X, y, dataset, loader, num_data, dict(
-        num_steps=num_steps, batch_size=batch_size, lr=lr, natgrad_lr=natgrad_lr, elbo=elbo, seed=seed,
-        checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume, sync_every=sync_every), dict(
-        warmup=natgrad_warmup, retraction=natgrad_retraction, layers=natgrad_layers, hidden_start=natgrad_hidden_start,
-        average=average, finish=finish))
-    run = _start(module, a, dataset, loader, resume, progress)
-    run.callback, run.checkpoint = callback, checkpoint
+    data = dict(X=X, y=y, dataset=dataset, loader=loader, num_data=num_data)
+    options = dict(num_steps=num_steps, batch_size=batch_size, lr=lr, natgrad_lr=natgrad_lr, elbo=elbo, seed=seed,
+                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume, sync_every=sync_every)
+    natgrad_options = dict(warmup=natgrad_warmup, retraction=natgrad_retraction, layers=natgrad_layers,
+                           hidden_start=natgrad_hidden_start, average=average, finish=finish, cooldown=cooldown)
+    with in_layer(getattr(module, "name", None)):  # warnings name the module unless a layer method names its own
+        return _fit(module, data, options, natgrad_options, progress=progress, callback=callback)
+
+
+def _fit(module, data: dict, options: dict, natgrad_options: dict, *, progress: bool, callback) -> FitState:
+    """:func:`fit` once its arguments are gathered (``data``: ``X``, ``y``, ``dataset``, ``loader``, ``num_data``;
+    ``options``: the run's; ``natgrad_options``: the natural-gradient plan's): check them, start, loop, end."""
+    started = time.perf_counter()
+    a = check_arguments(module, data, options, natgrad_options)
+    run = _start(module, a, data["dataset"], data["loader"], options["resume"], progress)
+    run.callback, run.checkpoint, run.started = callback, options["checkpoint"], started
     try:
         _loop(run)
     finally:
@@ -179,6 +193,7 @@ class _Run:
     run_key: dict
     rank: int = 0
     show: bool = False
+    started: float = 0.0  # time.perf_counter() at the start
     callback: object = None
     checkpoint: str | None = None
 
@@ -196,8 +211,11 @@ def _start(module, a: Arguments, dataset, loader, resume, progress: bool) -> _Ru
     trainer = TrainingStep(module, a.elbo, a.num_data, a.lr, a.natgrad_lr, world, plan=a.plan)
     run_key = _run_key(a, loader, world)
     show = progress and rank == 0
+    if show:
+        print(describe_plan(a, trainer, loader is not None), file=sys.stderr, flush=True)
     _announce_join(trainer, show)
     state = _initial_state(module, trainer, resume, run_key if loader is None else None, a.seed + rank)
+    a.plan.observe(0, state.losses)  # a resumed run's step control as the unbroken run left it
     if world > 1:  # every rank starts from rank 0's parameters
         broadcast_parameters(module)
     checks = deferred_checks_for(module, a.device, a.y, on_cpu=_DEFER_ON_CPU)  # no host reads inside a step
@@ -206,13 +224,41 @@ def _start(module, a: Arguments, dataset, loader, resume, progress: bool) -> _Ru
     report = _RunningElbo(bar, state.losses) if show else None
     guard = StepGuard(module, trainer.optimizer, state, checks, sync_every=a.sync_every, num_steps=a.num_steps,
                       world_size=world, dtype=a.dtype, device=a.device, report=report, plan=a.plan)
-    return _Run(module, a, source, trainer, state, guard, bar, run_key, rank, show)
+    return _Run(module, a, source, trainer, state, guard, bar, run_key, rank, show, time.perf_counter())
 
 
 def _run_key(a, loader, world: int) -> dict:
     """What a checkpoint must match to resume this run (a loader's batches cannot be checked); no tensors."""
     return {"batch_size": a.batch_size if loader is None else "a loader's", "num_data": a.num_data, "seed": a.seed,
             "world_size": world}
+
+
+def describe_plan(a: Arguments, trainer: TrainingStep, loader: bool = False) -> str:
+    """The line ``fit`` prints at its start: the run's size and what ``"auto"`` chose (the natural steps, their length,
+    warm-up and cooldown, or Adam; the average; the finish). No tensors, so shapes do not apply."""
+    plan = a.plan
+    if loader:
+        size = f"{a.num_steps} steps of a loader's batches, N = {a.num_data}"
+    else:
+        size = (f"{a.num_steps} steps of {a.batch_size} rows of N = {a.num_data} "
+                f"({a.num_steps * a.batch_size / a.num_data:.3g} epochs)")
+    decay = (f", the last {plan.cooldown:.0%} of the steps decaying to a tenth" if plan.cooldown else "")
+    if trainer.natgrad_lr:
+        retract = ("positive-definite" if plan.retraction is None and not plan.conjugate or plan.retraction
+                   else "plain")
+        start = ("running-average start" if plan.running_start and not plan.warmup
+                 else f"{plan.warmup}-step warm-up" if plan.warmup else "no warm-up")
+        fams = "every layer's q(u)" if plan.layers == "all" else "q(u)"
+        steps = f"{fams}: natural steps of {trainer.natgrad_lr:g} ({retract}, {start}{decay})"
+        if trainer.noise_lik is not None:
+            steps += " and the noise's Fisher step"
+        steps += f"; Adam {a.lr:g} on the rest"
+    else:
+        steps = f"Adam {a.lr:g} on every parameter{decay}"
+    average = f"; iterate average of the last {plan.average:.0%}" if plan.average else ""
+    finish = {"exact": "exact (q(u) and the noise at their optimum on all the data)",
+              "natural": f"natural (at most {a.finish_passes} damped full-data natural steps)"}.get(a.finish, "none")
+    return f"fit: {size}; {steps}{average}; finish: {finish}"
 
 
 def _announce_join(trainer, show: bool) -> None:
@@ -239,16 +285,30 @@ def _end_of_run(run: _Run) -> None:
         print(f"fit: no iterate average of {', '.join(state.not_averaged)}: its averaged precision is not positive "
               "definite, or too ill-conditioned, in float64 (a run too short for it); the last iterate is kept",
               file=sys.stderr, flush=True)
-    if a.finish:  # q(u) and the noise at their optimum on all the data, given the hyperparameters
+    done = ""
+    if a.finish:  # q(u) (and the noise) at their optimum on all the data, given the hyperparameters
         # on a forked RNG: a DeepGP's finish samples its hidden layers, and the checkpoint keeps the loop's RNG state,
         # from which a resumed run must draw what the unbroken one draws
         with torch.random.fork_rng(devices=[a.device] if a.device.type == "cuda" else []):
-            finish_run(module, run.source, a.num_data, run.show)
+            if a.finish == "exact":
+                finish_run(module, run.source, a.num_data, run.show)
+                done = "exact"
+            else:
+                rep = natural_finish_run(module, run.source, a.num_data, run.show, a.finish_passes, seed=a.seed)
+                done = (f"natural, {rep['accepted']} of {rep['passes']} steps accepted, bound "
+                        f"{rep['before'] / a.num_data:.5g} -> {rep['after'] / a.num_data:.5g} per point")
     elif run.show and a.finish_skipped:
-        print(f"fit: no exact finish: {a.finish_skipped}", file=sys.stderr, flush=True)
+        print(f"fit: {a.finish_skipped}", file=sys.stderr, flush=True)
     if checkpoint:
         save_checkpoint(checkpoint, module, run.trainer.optimizer, state, run.run_key,
                         loop_state=loop_state if changed or a.finish else None)
+    if run.show:
+        last = state.losses[-20:]
+        bound = (f"bound {-sum(last) / len(last) / a.num_data:.5g} per point (mean of the last {len(last)} steps' "
+                 "estimates)" if last else "no steps taken")
+        ended = "averaged" if changed else (f"finish: {done}" if done else "the last iterate")
+        print(f"fit: done: {state.step} steps in {time.perf_counter() - run.started:.1f} s; {bound}; {ended}",
+              file=sys.stderr, flush=True)
 
 
 def _initial_state(module, trainer, resume, expect, seed):
