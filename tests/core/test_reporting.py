@@ -4,7 +4,6 @@
 import warnings
 
 import pyro
-import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
 from pyro.infer import SVI, Trace_ELBO
