@@ -104,6 +104,15 @@ def _belongs(traces, params) -> bool:
     return False
 
 
+def _replayed(model_trace, guide_trace) -> bool:
+    """Whether the model trace replayed the guide trace: a latent site of the model holds the guide's value."""
+    for name, site in guide_trace.nodes.items():
+        node = model_trace.nodes.get(name)
+        if site["type"] == "sample" and not site["is_observed"] and node is not None and node["value"] is site["value"]:
+            return True
+    return False
+
+
 class FirstStepCheck:
     """What an optimiser holds to check, at its first step, the program that SVI has just run: created, it turns the
     record on (:func:`record_layer`); called with SVI's parameters, it checks the last model and guide traces that
@@ -124,6 +133,8 @@ class FirstStepCheck:
             return None
         model_trace, layers = records["model"]
         guide_trace, guide_layers = records.get("guide", (None, {}))
+        if guide_trace is not None and not _replayed(model_trace, guide_trace):
+            guide_trace, guide_layers = None, {}  # another program's guide
         traces = [t for t in (model_trace, guide_trace) if t is not None]
         if _belongs(traces, params):
             check_traces(model_trace, guide_trace, {**guide_layers, **layers},
@@ -185,7 +196,8 @@ def check_model(model, guide, *args, elbo=None, **kwargs) -> None:
     nothing is trained; parameters that the guide creates at its first call (an autoguide's) are created, as SVI's
     first step would. Returns ``None``.
     """
-    rng = pyro.util.get_rng_state()
+    rng = pyro.util.get_rng_state()  # torch's CPU generator, Python's and numpy's
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     try:
         with torch.no_grad(), _own_records() as records:
             num = getattr(elbo, "num_particles", 1) if elbo is not None else CHECK_PARTICLES
@@ -198,6 +210,8 @@ def check_model(model, guide, *args, elbo=None, **kwargs) -> None:
                 _vectorised_run(model, guide, args, kwargs, records, num, -int(nesting), own=elbo is None)
     finally:
         pyro.util.set_rng_state(rng)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def _vectorised_run(model, guide, args, kwargs, records, num, dim, own: bool) -> None:

@@ -365,3 +365,25 @@ def test_a_covered_dimension_of_another_size_raises():
 
     with pytest.raises(ps.ModelShapeError, match=r"'y'.*dim -1 has size 1 but its plate 'data' has size 16"):
         ps.check_model(program(False), program(True), X, y, elbo=Trace_ELBO())
+
+
+def test_a_program_that_fails_only_under_the_checks_own_particles_says_so():
+    """Without ``elbo=`` the check adds a pass under 3 vectorised particles; a program that cannot run there (here
+    ``f.reshape(-1)``, right only for ``f [1, B]``) is reported with that context and the way out (``elbo=``)."""
+    X = torch.randn(N, 2)
+    y = X.sum(-1)
+    gp = ps.SVGP(RBF(2), X[:6].clone(), num_outputs=1)
+
+    def program(guide):
+        def run(X, y):
+            u = gp.sample_u(guide=guide)
+            with pyro.plate("data", N, subsample_size=B) as i:
+                f = gp.sample_f(X[i], u, guide=guide)
+                if not guide:
+                    pyro.sample("y", dist.Normal(f.reshape(-1), 0.1), obs=y[i])
+        return run
+
+    with pytest.raises(ps.ModelShapeError, match="fails under 3 vectorised particles") as err:
+        ps.check_model(program(False), program(True), X, y)
+    assert "elbo=Trace_ELBO()" in str(err.value) and err.value.__cause__ is not None
+    assert ps.check_model(program(False), program(True), X, y, elbo=Trace_ELBO()) is None
