@@ -30,6 +30,7 @@ import numbers
 import torch
 from pyro.optim import PyroOptim
 
+from ...checking import FirstStepCheck
 from ...likelihoods import live_gaussian_likelihoods
 from ...reporting import family_layer, in_layer
 from ...variational import live_gaussian_families
@@ -176,11 +177,13 @@ class NaturalGradient(PyroOptim):
             raise ValueError(f"num_obs must be a positive integer (the number of observations) or None, got "
                              f"{num_obs!r}")
         self.num_obs = num_obs
+        self._check = FirstStepCheck()  # the first step checks the program SVI ran (pyro_sparsegp.checking)
 
     def __call__(self, params, *args, **kwargs) -> None:
         """One step: ``params`` is SVI's collection of unconstrained parameter tensors (gradients of the loss in
         ``.grad``). The natural-gradient steps, then the wrapped optimiser on the parameters left over."""
         params = list(params)
+        self._check = self._check and self._check(params)  # once: the shapes of the program SVI ran
         families = live_gaussian_families() if self.families is None else self.families
         stepped, claimed = split_families(params, families)
         lr = self.schedule(self.step_count)

@@ -37,6 +37,7 @@ import pyro
 import torch
 from torch.utils.data import DataLoader
 
+from ...checking import check_model
 from ...reporting import at_step, in_layer
 from .arguments import Arguments, check_arguments
 from .batches import BatchSource, EpochBatchSampler, _first_batch, _round_keys, permute_positions  # noqa: F401
@@ -207,7 +208,9 @@ def _start(module, a: Arguments, dataset, loader, resume, progress: bool) -> _Ru
     source = BatchSource(a.X, a.y, dataset, loader, num_data=a.num_data, batch_size=a.batch_size, seed=a.seed,
                          rank=rank, world_size=world, dtype=a.dtype, device=a.device)
     if a.elbo != "analytic":  # a model/guide may create parameters at its first call: create them now
-        _create_lazy_parameters(module, *source.first(), a.num_data)
+        first = source.first()
+        _create_lazy_parameters(module, *first, a.num_data)
+        check_model(module.model, module.guide, *first, num_data=a.num_data, elbo=a.elbo)  # shape mistakes are loud
     trainer = TrainingStep(module, a.elbo, a.num_data, a.lr, a.natgrad_lr, world, plan=a.plan)
     run_key = _run_key(a, loader, world)
     show = progress and rank == 0
