@@ -14,8 +14,9 @@ from .layers import SOLVEGP, SVGP
 from .layers.deep import DeepGP, sample_marginal
 from .mean_functions import FixedProjection
 from .naming import unique_name
+from .saving import load, save
 
-__all__ = ["DeepGP", "build_deep_gp", "init_inducing", "sample_marginal"]
+__all__ = ["DeepGP", "build_deep_gp", "init_inducing", "sample_marginal", "save", "load"]
 
 
 # -- initialisation -----------------------------------------------------------------------------------------------
