@@ -16,6 +16,7 @@ from . import (
     likelihoods,
     linalg,
     mean_functions,
+    saving,
     variational,
 )
 from .conv import ConvLayer, DeepConvGP
@@ -63,5 +64,6 @@ __all__ = [
     "likelihoods",
     "linalg",
     "mean_functions",
+    "saving",
     "variational",
 ]

@@ -49,10 +49,11 @@ class LayoutError(ValueError):
 
 def _aliases(cls) -> dict:
     """Constructor arguments that a class keeps under another attribute (dotted paths), over its MRO."""
-    from .layers import SVGP, ConvLayer
+    from .layers import ODVGP, SVGP, ConvLayer
     from .layers.solvegp import OrthogonalInputs
 
     table = {SVGP: {"Z": "inducing"}, OrthogonalInputs: {"O": "orthogonal"},
+             ODVGP: {"Z": "inducing.Z", "O": "orthogonal.Z"},  # tensors: ODVGP takes inducing points only
              ConvLayer: {"base_kernel": "gp.kernel", "Z": "gp.inducing", "O": "gp.orthogonal", "whiten": "gp.whiten",
                          "jitter": "gp.jitter"}}
     out = {}

@@ -164,6 +164,20 @@ def test_conv_and_sum_kernels_come_back():
     torch.testing.assert_close(copy.predict(X), gp.predict(X), rtol=0, atol=0)
 
 
+def test_single_layer_models_come_back_too():
+    """The layout is not the deep models' alone: an SVGP with inducing patches of a TICK kernel and an ODVGP (which
+    takes its inducing points as tensors) rebuild with the same settings and predict the same."""
+    tick = ps.TICK(RBF(4), (5, 5, 1), 2, 1, location_lengthscale=2.0)
+    gp = ps.SVGP(tick, ps.IndexedInducingPatches(torch.randn(3, 4), grid=tick.grid), ps.Gaussian(0.2), name="tick")
+    od = ps.ODVGP(RBF(2), torch.randn(4, 2), torch.randn(9, 2), ps.Gaussian(0.2), num_subsample=5, name="od")
+    with torch.no_grad():
+        od.a = torch.randn(9)
+    for model, X in ((gp, torch.rand(6, 25)), (od, torch.randn(6, 2))):
+        copy = build(describe(model), model.state_dict())
+        assert type(copy) is type(model) and _settings(copy) == _settings(model)
+        torch.testing.assert_close(copy.predict(X), model.predict(X), rtol=0, atol=0)
+
+
 @pytest.fixture
 def saved(tmp_path):
     X = torch.randn(30, 3)
