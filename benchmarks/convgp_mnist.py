@@ -70,9 +70,8 @@ from _classification_data import _idx, stratified_split  # noqa: E402
 from _common import parser, setup, table, write_json  # noqa: E402
 
 import pyro_sparsegp as ps  # noqa: E402
-from pyro_sparsegp.conv import ConvLayer, DeepConvGP, init_patches, kmeans, log_likelihood_and_accuracy  # noqa: E402
+from pyro_sparsegp.conv import build_deep_conv_gp, init_patches, kmeans, log_likelihood_and_accuracy  # noqa: E402
 from pyro_sparsegp.infer import fit  # noqa: E402
-from pyro_sparsegp.linalg import cholesky  # noqa: E402
 
 IMG = (28, 28, 1)
 KEYS = ("dataset", "model", "M", "accuracy", "test_ll", "s_per_iter")
@@ -148,8 +147,12 @@ def build(model, Xtr, M, args):
         Zr = kmeans(Xtr[torch.randperm(len(Xtr))[: 20 * M]], M)
         k = ps.SumKernel(kc, RBF(784, variance=torch.tensor(5.0), lengthscale=torch.tensor(5.0)))
         gp = ps.SVGP(k, ps.InducingSum(Zc, Zr), lik, num_outputs=10, whiten=True, integrate_f=True)
-    elif model in DEEP:
-        gp = build_deep(model, Xtr, M, lik, args)
+    elif model in DEEP:  # Shi et al. (2020) table 5; M = (hidden, output) inducing patches per layer
+        depth, solve = DEEP[model]
+        gp = build_deep_conv_gp(Xtr, IMG, 10, num_layers=depth + 1, solve=solve, num_inducing=M, likelihood=lik,
+                                variance=args.variance, lengthscale=args.lengthscale,
+                                location_lengthscale=args.location_lengthscale, per_centre=args.per_centre,
+                                num_samples=args.particles)
         return gp, lambda X: gp.predict_proba(X, num_samples=args.samples, batch_size=args.eval_batch)
     else:
         raise KeyError(model)
@@ -165,65 +168,6 @@ def build(model, Xtr, M, args):
 
 DEEP = {"deep2": (1, False), "deep2_solve": (1, True), "deep3": (2, False), "deep3_solve": (2, True)}
 ALIASES = {"deep": "deep2", "deep_solve": "deep2_solve"}  # the rows' names before the 3-layer models
-
-
-def _provisional(layer, X, n=500):
-    """Identity-conv mean feature maps of ``n`` images through ``layer`` (flattened ``[n, H*W*C]``)."""
-    with torch.no_grad():
-        return layer.mean_function(X[:n]).reshape(len(X[:n]), -1)
-
-
-def _reinit(layer_gp, before, Xtr, shape, patch, stride, M, solve, args):
-    """Inducing patches of ``layer_gp`` (its Z, O) by k-means of patches of samples of the layers ``before`` at
-    initialisation (Shi et al. 2020, appendix G.2, with samples of the initial model in place of their random-filter
-    projections), its patch kernel's lengthscale from their median distance, and q(u) (q(v)) reset to the prior."""
-    with torch.no_grad(), pyro.poutine.block():
-        H = Xtr[torch.randperm(len(Xtr))[:500]]
-        for layer in before:
-            H = layer.sample(H)
-        P = init_patches(H, shape, patch, 2 * M if solve else M, stride=stride, per_centre=args.per_centre)
-        layer_gp.inducing.Z = P[:M]
-        base = getattr(layer_gp.kernel, "base_kernel", layer_gp.kernel)  # TICK: its patch kernel
-        base.lengthscale = torch.cdist(P, P).median()
-        if solve:
-            layer_gp.orthogonal.Z = P[M:]
-            Luu, Lc, _ = layer_gp.strategy.joint_factors()
-            layer_gp.q_v.set(torch.zeros_like(layer_gp.q_v.u_loc), Lc.expand_as(layer_gp.q_v.u_scale_tril))
-        else:
-            Luu = cholesky(ps.covariances.Kuu(layer_gp.inducing, layer_gp.kernel))
-        layer_gp.q_u.set(torch.zeros_like(layer_gp.q_u.u_loc), Luu.expand_as(layer_gp.q_u.u_scale_tril))
-
-
-def build_deep(model, Xtr, M, lik, args):
-    """Shi et al. (2020) table 5: hidden 5x5 stride-1 conv layers with 10 channels and identity-conv means (deep3: a
-    second hidden layer 4x4 stride 2), then a TICK output layer (deep2: 4x4 stride 2; deep3: 5x5 stride 1); SVGP or
-    SOLVE-GP (M + M) layers, no whitening. ``M = (hidden, output)`` inducing patches per layer."""
-    (M0, M1), (depth, solve) = M, DEEP[model]
-    P0 = init_patches(Xtr, IMG, 5, 2 * M0 if solve else M0, per_centre=args.per_centre)
-    hidden = [ConvLayer(patch_kernel(25, args), IMG, 5, 1, 10, P0[:M0], P0[M0:] if solve else None, name="conv0")]
-    if depth == 2:  # provisional patches from the first layer's mean maps; re-initialised from samples below
-        shape0 = hidden[0].output_image_shape
-        P = init_patches(_provisional(hidden[0], Xtr), shape0, 4, 2 * M0 if solve else M0, stride=2, per_centre=10)
-        hidden.append(ConvLayer(patch_kernel(160, args), shape0, 4, 2, 10, P[:M0], P[M0:] if solve else None,
-                                name="conv1"))
-    shape = hidden[-1].output_image_shape
-    patch, stride = (4, 2) if depth == 1 else (5, 1)
-    d = patch * patch * shape[2]
-    H0 = _provisional(hidden[0], Xtr) if depth == 1 else None
-    P1 = (init_patches(H0, shape, patch, 2 * M1 if solve else M1, stride=stride, per_centre=10) if H0 is not None
-          else torch.randn(2 * M1 if solve else M1, d))
-    k = ps.TICK(patch_kernel(d, args), shape, patch, stride, location_lengthscale=args.location_lengthscale)
-    Z = ps.IndexedInducingPatches(P1[:M1], grid=k.grid)
-    if solve:
-        O = ps.IndexedInducingPatches(P1[M1:], grid=k.grid)  # noqa: E741
-        out = ps.SOLVEGP(k, Z, O, lik, num_outputs=10, whiten=False, integrate_f=True, name="out")
-    else:
-        out = ps.SVGP(k, Z, lik, num_outputs=10, whiten=False, integrate_f=True, name="out")
-    gp = DeepConvGP(hidden, out, num_samples=args.particles)
-    if depth == 2:
-        _reinit(gp.hidden[1].gp, gp.hidden[:1], Xtr, hidden[0].output_image_shape, 4, 2, M0, solve, args)
-    _reinit(out, gp.hidden, Xtr, shape, patch, stride, M1, solve, args)
-    return gp
 
 
 def memory_mb():

@@ -17,6 +17,7 @@ from . import (
     likelihoods,
     linalg,
     mean_functions,
+    saving,
     variational,
 )
 from .checking import ModelShapeError, check_model
@@ -68,5 +69,6 @@ __all__ = [
     "likelihoods",
     "linalg",
     "mean_functions",
+    "saving",
     "variational",
 ]

@@ -80,7 +80,7 @@ class Linear(MeanFunction):
         if A.shape != (in_dim, out_dim) or b.shape != (out_dim,):
             raise ValueError(f"Linear({in_dim}, {out_dim}) needs A [{in_dim}, {out_dim}] and b [{out_dim}], "
                              f"got {tuple(A.shape)} and {tuple(b.shape)}")
-        self.out_dim = out_dim
+        self.in_dim, self.out_dim = in_dim, out_dim
         self.A = PyroParam(A, constraints.real)
         self.b = PyroParam(b, constraints.real)
 

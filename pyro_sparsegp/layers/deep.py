@@ -50,6 +50,7 @@ from ..distributions import MarginalizedLikelihood
 from ..inputs import as_targets, as_tensor
 from ..likelihoods import _check_finite
 from ..naming import register_name, unique_name
+from ..saving import Saveable
 from ..variational.cache import take
 from .base import named_data_plate, qf_points, sample_marginal
 from .deep_prediction import DeepPrediction
@@ -79,7 +80,7 @@ def check_layer(i: int, layer, nxt) -> None:
                          f"{layer.output_dim}")
 
 
-class DeepGP(DeepPrediction, PyroModule):
+class DeepGP(DeepPrediction, Saveable, PyroModule):
     """A doubly stochastic deep GP (Salimbeni & Deisenroth 2017) built from layers.
 
     :param layers: hidden layers that speak the layer protocol (:data:`LAYER_PROTOCOL`:

@@ -100,7 +100,7 @@ class SOLVEGP(OrthogonalInputs, SVGP):
         if not whiten and not odvgp and not sampled_attributes(kernel, names=False):  # start at the prior q(v⊥) = p(v⊥)
             with torch.no_grad():
                 scale_tril = self.strategy.joint_factors()[1]  # not cached: the module may still be nested
-        self.q_v = GaussianQ(orthogonal.num_inducing, num_outputs, scale_tril, learn_scale=not odvgp)
+        self.q_v = GaussianQ(orthogonal.num_inducing, self.num_outputs, scale_tril, learn_scale=not odvgp)
 
     @layer_method
     def prior_v(self, Lc=None):

@@ -334,3 +334,21 @@ def test_to_svgp_multi_output_patches_and_sampled_hyperparameters():
     sampled = ps.SOLVEGP(k, torch.rand(M, D), torch.rand(M2, D) + 2, ps.Gaussian(0.2), name="hp")
     with pytest.raises(ValueError, match="PyroSample"):
         sampled.to_svgp()
+
+
+def test_a_multi_class_likelihood_gives_q_v_one_factor_per_class():
+    """``num_outputs`` inferred from a K-class likelihood: ``q(v⊥)`` has one factor per class, like ``q(u)`` (it once
+    kept one factor shared by the classes, so the layer's state_dict did not fit one built with ``num_outputs=K``,
+    and fit's joint natural step failed on the shapes). The layer equals the one built with ``num_outputs=3``: its
+    state_dict loads there and the two bounds agree; fit's default (natural) steps run."""
+    X = torch.rand(N, D) * 4 - 2
+    y = (X[:, 0] > 0).to(X.dtype) + (X[:, 1] > 0.5).to(X.dtype)
+    Z, O = torch.rand(M, D) * 4 - 2, torch.rand(M2, D) * 4 - 2  # noqa: E741
+    inferred = ps.SOLVEGP(RBF(D), Z, O, ps.RobustMax(3), whiten=False, name="inferred")
+    assert inferred.q_v.u_loc.shape == (3, M2) and inferred.q_v.u_scale_tril.shape == (3, M2, M2)
+    with torch.no_grad():
+        inferred.q_v.set(torch.randn(3, M2), inferred.q_v.u_scale_tril * (0.5 + torch.rand(3, 1, 1)))
+    explicit = ps.SOLVEGP(RBF(D), Z, O, ps.RobustMax(3), num_outputs=3, whiten=False, name="explicit")
+    explicit.load_state_dict(inferred.state_dict())
+    torch.testing.assert_close(inferred.analytic_elbo(X, y), explicit.analytic_elbo(X, y))
+    ps.infer.fit(inferred, X, y, num_steps=2, progress=False)
