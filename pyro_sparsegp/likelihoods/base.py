@@ -39,6 +39,19 @@ def _check_finite(name, t):
         raise ValueError(f"{name} contains NaN or inf")
 
 
+def _init_param(value, name: str, lower: float = 0.0, upper: float | None = None, example: str = "") -> torch.Tensor:
+    """The initial value of a likelihood's parameter as a scalar ``()`` tensor of the default dtype, checked to be
+    one finite number in ``(lower, upper)``; ``ValueError`` naming ``name``, the range and an example otherwise."""
+    t = torch.as_tensor(value, dtype=torch.get_default_dtype()).detach()
+    ok = t.numel() == 1 and bool(torch.isfinite(t).all()) and bool((t > lower).all())
+    ok = ok and (upper is None or bool((t < upper).all()))
+    if not ok:
+        what = f"in ({lower:g}, {upper:g})" if upper is not None else f"greater than {lower:g}"
+        raise ValueError(f"{name} must be one finite number {what}, got {value!r}" + (f"; e.g. {example}" if example
+                                                                                       else ""))
+    return t.reshape(()).clone()
+
+
 class Likelihood(PyroModule):
     """Base class. Subclasses define :meth:`distribution` and ``support``; may override
     :meth:`expected_log_prob` and :meth:`predictive` with closed forms. Element-wise likelihoods take ``f`` and the
@@ -52,6 +65,8 @@ class Likelihood(PyroModule):
     support = constraints.real
     #: number of latent function values each observation depends on (``1``: element-wise)
     latent_dim = 1
+    #: what a valid ``y`` is and how to fix one that is not, appended to :meth:`check_y`'s error
+    _y_fix = ""
 
     def __init__(self, num_gh: int = 20):
         super().__init__()
@@ -121,7 +136,7 @@ class Likelihood(PyroModule):
             bad = torch.unique(y.detach()[~ok].reshape(-1).cpu())
             shown = ", ".join(f"{v:g}" for v in bad[:5].tolist()) + (", ..." if len(bad) > 5 else "")
             extra = ("; binary labels are 0 and 1 (map -1/1 labels with y = (y > 0), 1/2 labels with y - 1)"
-                     if str(self.support) == "Boolean()" else "")
+                     if str(self.support) == "Boolean()" else self._y_fix)
             raise ValueError(f"y has values outside the support of {type(self).__name__} ({self.support}): "
                              f"{shown}{extra}")
 
