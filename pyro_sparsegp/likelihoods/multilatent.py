@@ -11,13 +11,14 @@ eq. 21 is a ``Q``-dimensional Gaussian integral per observation. :func:`gaussian
 
 * ``"gh"``: the product Gauss-Hermite rule, ``num_gh`` nodes per latent (``num_gh ** Q`` points, the tensor
   product of the one-dimensional rule of their section 4); exact for polynomials of degree ``2 num_gh - 1`` in each
-  latent; the default for ``Q <= 3``;
-* ``"qmc"``: a fixed randomised quasi-Monte-Carlo rule: ``num_samples / 2`` scrambled Sobol' points (a fixed seed)
-  mapped through the normal quantile, and their negatives (so every odd moment is exact); weights ``1 / n``; the
-  default for ``Q >= 4``. Deterministic, hence biased, by an amount the tests measure;
-* ``"mc"``: ``num_samples`` fresh standard normal draws per evaluation (torch's global generator): unbiased for the
-  expected log-likelihood (so the bound is estimated without bias) and differentiable; the predictive uses
-  ``"qmc"`` instead, so that it is a fixed distribution.
+  latent; the default for ``Q <= 6``, with 20, 20, 10, 7, 5, 4 nodes per latent for ``Q`` = 1 to 6;
+* ``"qmc"``: a fixed quasi-Monte-Carlo rule: ``num_samples / 2`` scrambled Sobol' points (seed 0) mapped through
+  the normal quantile and whitened by their own second moment, and their negatives (so every first and second
+  moment is exact); weights ``1 / n``; the default for ``Q >= 7``, with 4096 points. Deterministic, hence
+  biased, by an amount the tests measure (:mod:`.generic` lists it);
+* ``"mc"``: ``num_samples`` fresh standard normal draws per evaluation, independent for every observation
+  (torch's global generator, default 256), as :class:`~.multiclass.Softmax` draws: unbiased for the expected log-likelihood (so the bound is estimated without bias) and differentiable; the
+  predictive uses ``"qmc"`` instead, so that it is a fixed distribution.
 
 :class:`QuadratureMixture` is the predictive distribution these rules give:
 :math:`p(y_*) \approx \sum_i w_i\, p(y_* \mid f_i)`.
@@ -41,22 +42,26 @@ _RULES = ("auto", "gh", "qmc", "mc")
 _VAR_FLOOR = 1e-20  # variances below are raised to it (a standard deviation of 1e-10): finite gradients
 
 
+_GH_PER_LATENT = {1: 20, 2: 20, 3: 10, 4: 7, 5: 5, 6: 4}  # "gh" nodes per latent; Q beyond: "qmc"
+
+
 def _default_num_gh(Q: int) -> int:
-    return 20 if Q <= 2 else 10
+    return _GH_PER_LATENT.get(Q, 3)
 
 
 def gaussian_rule(dim: int, rule: str = "auto", num_gh: int | None = None, num_samples: int | None = None,
                   dtype=None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Points and weights for :math:`\mathbb{E}_{z \sim N(0, I_Q)}[g(z)] \approx \sum_i w_i\, g(x_i)`, ``Q = dim``:
-    the product Gauss-Hermite rule (``"gh"``, ``num_gh`` nodes per dimension, default 20 for ``Q <= 2`` and 10 for
-    ``Q = 3``), the antithetic scrambled Sobol' rule (``"qmc"``, ``num_samples`` points, default 1024) or fresh normal
-    draws (``"mc"``, default 256); ``"auto"`` is ``"gh"`` for ``Q <= 3``, else ``"qmc"`` (module docstring). The
+    the product Gauss-Hermite rule (``"gh"``, ``num_gh`` nodes per dimension, default 20, 20, 10, 7, 5, 4 for ``Q``
+    = 1 to 6, 3 beyond), the moment-matched antithetic scrambled Sobol' rule (``"qmc"``, ``num_samples`` points,
+    default 4096) or fresh normal draws (``"mc"``, default 256); ``"auto"`` is ``"gh"`` for ``Q <= 6``, else
+    ``"qmc"`` (module docstring). The
     multi-dimensional version of the quadrature of Hensman, Matthews, Ghahramani 2015, section 4.
 
     :returns: ``(x [n, Q], w [n])``; the weights sum to one.
     """
     Q = int(dim)
-    rule = "gh" if rule == "auto" and Q <= 3 else "qmc" if rule == "auto" else rule
+    rule = ("gh" if Q in _GH_PER_LATENT else "qmc") if rule == "auto" else rule
     dtype = dtype or torch.get_default_dtype()
     if rule == "gh":
         x1, w1 = gauss_hermite(num_gh or _default_num_gh(Q), dtype, device)
@@ -64,7 +69,7 @@ def gaussian_rule(dim: int, rule: str = "auto", num_gh: int | None = None, num_s
         x = torch.stack([g.reshape(-1) for g in grids], -1)  # [n^Q, Q]
         w = math.prod(g.reshape(-1) for g in torch.meshgrid(*([w1] * Q), indexing="ij"))  # [n^Q]
         return x, w
-    n = num_samples or (1024 if rule == "qmc" else 256)
+    n = num_samples or (4096 if rule == "qmc" else 256)
     if rule == "mc":
         return torch.randn(n, Q, dtype=dtype, device=device), torch.full((n,), 1.0 / n, dtype=dtype, device=device)
     x = _sobol_normal(Q, (n + 1) // 2).to(dtype=dtype, device=device)
@@ -77,6 +82,10 @@ def _sobol_normal(Q: int, half: int) -> torch.Tensor:
     float64 on the CPU (cached; callers copy)."""
     u = torch.quasirandom.SobolEngine(Q, scramble=True, seed=0).draw(half, dtype=torch.float64)
     z = torch.special.ndtri(u.clamp(1e-12, 1 - 1e-12))  # [half, Q]
+    # moment matching: the antithetic pairs make every odd moment exact; whitening by the points' own second
+    # moment makes the second moments exact too (the rule integrates a Gaussian log-likelihood exactly)
+    L = torch.linalg.cholesky(z.mT @ z / half)  # [Q, Q]
+    z = torch.linalg.solve_triangular(L, z.mT, upper=False).mT
     return torch.cat([z, -z])
 
 
@@ -199,9 +208,14 @@ class _MultiLatent(Likelihood):
         """The rule's latent values ``[n, ..., Q, B]`` at ``q(f) = N(f_loc, f_var)`` and its weights ``[n]``."""
         self._check_f(f_loc)
         f_loc, f_var = torch.broadcast_tensors(f_loc, f_var)
-        x, w = gaussian_rule(self.latent_dim, rule or self.rule, self.num_gh, self.num_samples, f_loc.dtype,
-                             f_loc.device)
-        x = x.reshape((x.shape[0],) + (1,) * (f_loc.dim() - 2) + (self.latent_dim, 1))
+        rule = rule or self.rule
+        if rule == "mc":  # independent draws for every observation and batch element: [n, ..., Q, B]
+            n = self.num_samples or 256
+            x = torch.randn((n,) + f_loc.shape, dtype=f_loc.dtype, device=f_loc.device)
+            w = torch.full((n,), 1.0 / n, dtype=f_loc.dtype, device=f_loc.device)
+        else:
+            x, w = gaussian_rule(self.latent_dim, rule, self.num_gh, self.num_samples, f_loc.dtype, f_loc.device)
+            x = x.reshape((x.shape[0],) + (1,) * (f_loc.dim() - 2) + (self.latent_dim, 1))
         return f_loc + f_var.clamp(min=_VAR_FLOOR).sqrt() * x, w
 
     def quadrature_expected_log_prob(self, y, f_loc, f_var):
