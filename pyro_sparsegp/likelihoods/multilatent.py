@@ -17,8 +17,9 @@ eq. 21 is a ``Q``-dimensional Gaussian integral per observation. :func:`gaussian
   moment is exact); weights ``1 / n``; the default for ``Q >= 7``, with 4096 points. Deterministic, hence
   biased, by an amount the tests measure (:mod:`.generic` lists it);
 * ``"mc"``: ``num_samples`` fresh standard normal draws per evaluation, independent for every observation
-  (torch's global generator, default 256), as :class:`~.multiclass.Softmax` draws: unbiased for the expected log-likelihood (so the bound is estimated without bias) and differentiable; the
-  predictive uses ``"qmc"`` instead, so that it is a fixed distribution.
+  (torch's global generator, default 256), as :class:`~.multiclass.Softmax` draws: unbiased for the expected
+  log-likelihood (so the bound is estimated without bias) and differentiable; the predictive uses ``"qmc"``
+  instead, so that it is a fixed distribution.
 
 :class:`QuadratureMixture` is the predictive distribution these rules give:
 :math:`p(y_*) \approx \sum_i w_i\, p(y_* \mid f_i)`.
