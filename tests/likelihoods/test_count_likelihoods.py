@@ -121,10 +121,10 @@ def test_negative_binomial_and_zero_inflation_fits_recover_their_parameters():
     f = 1.0 + 0.5 * torch.sin(2 * X[:, 0])
     y = CASES["NegativeBinomial"][1](f)
     nb = _fit(ps.NegativeBinomial(dispersion=2.0), X, y).likelihood.dispersion.item()
-    assert 0.3 < nb < 0.8, nb  # true 0.5, from 2.0
+    assert 0.25 < nb < 1.0, nb  # true 0.5, from 2.0 (0.43 to 0.71 over four draws of 300 points)
     y0 = CASES["ZeroInflatedPoisson"][1](f)
     gate = _fit(ps.ZeroInflatedPoisson(gate=0.05), X, y0).likelihood.gate.item()
-    assert 0.2 < gate < 0.4, gate  # true 0.3, from 0.05
+    assert 0.15 < gate < 0.45, gate  # true 0.3, from 0.05 (0.25 to 0.34 over four draws)
 
 
 # -- bad input ----------------------------------------------------------------------------------------------------
