@@ -10,7 +10,7 @@ Gauss-Hermite quadrature; deep: Salimbeni's estimator through the hidden layers'
 (the paper's recipe). ``--natgrad LENGTH`` gives the output layer's q(u) natural steps of that length instead (the
 positive-definite step); ``--natgrad auto`` is ``fit``'s policy, which at |B| = 64 of 8,000 or more images is Adam:
 TICK on the Fashion subset reached 0.634 / 0.696 / 0.713 test accuracy after 400 iterations with steps of 0.1 / 0.01
-/ 0.03, against 0.770 with Adam (``pyro_sparsegp.infer.natgrad_options``).
+/ 0.03, against 0.770 with Adam (``pyro_sparsegp.infer.natgrad.policy``).
 
 Data: ``mnist`` = the 10,000 real MNIST test images (the only MNIST images in ``shared/data``), stratified 8,000 /
 2,000; ``fashion`` = Fashion-MNIST 60,000 / 10,000. Pixels in [0, 1].

@@ -36,7 +36,7 @@ def ours(kind, X, y, Xt, yt, Z, idx, every, lr, rho):
         (-gp.analytic_elbo(X[i], y[i], num_data=len(X))).backward()
         opt.step()
         if nat:
-            ps.infer.polya_gamma_natgrad_step(gp, X[i], y[i], lr=rho, num_data=len(X))
+            ps.infer.natgrad.polya_gamma_natgrad_step(gp, X[i], y[i], lr=rho, num_data=len(X))
 
     def evaluate():
         mean, var = gp.predict(Xt)

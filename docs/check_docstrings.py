@@ -33,23 +33,21 @@ CITE = re.compile(
     re.I,
 )
 # infrastructure that implements no paper equation: shapes are required, a citation is not
-NO_PAPER = {"pyro_sparsegp.infer.fit", "pyro_sparsegp.infer.batches", "pyro_sparsegp.infer.checkpoint",
-            "pyro_sparsegp.infer.guard", "pyro_sparsegp.infer.distributed", "pyro_sparsegp.infer.steps",
-            "pyro_sparsegp.datasets", "pyro_sparsegp.kernels.batched", "pyro_sparsegp.linalg",
-            "pyro_sparsegp.covariances.dispatch", "pyro_sparsegp.inducing.init",
-            "pyro_sparsegp.composition", "pyro_sparsegp.data_stream", "pyro_sparsegp.validation",
-            "pyro_sparsegp.deferred"}
+TRAINING = "pyro_sparsegp.infer.training."
+NO_PAPER = {TRAINING + m for m in ("fit", "batches", "checkpoint", "guard", "distributed", "steps", "progress")} | {
+    "pyro_sparsegp.datasets", "pyro_sparsegp.kernels.batched", "pyro_sparsegp.linalg",
+    "pyro_sparsegp.covariances.dispatch", "pyro_sparsegp.inducing.init", "pyro_sparsegp.composition",
+    "pyro_sparsegp.data_stream", "pyro_sparsegp.validation", "pyro_sparsegp.deferred",
+}
 # objects that take or return no tensor: shapes do not apply
-NO_TENSORS = {
-    "pyro_sparsegp.infer.checkpoint.FitState", "pyro_sparsegp.infer.guard.NonFiniteLossError",
-    "pyro_sparsegp.infer.checkpoint.save_checkpoint", "pyro_sparsegp.infer.checkpoint.load_checkpoint",
-    "pyro_sparsegp.infer.batches.EpochBatchSampler.steps_per_epoch", "pyro_sparsegp.infer.batches.BatchSource.restart",
-    "pyro_sparsegp.infer.distributed.rank_and_world_size", "pyro_sparsegp.infer.guard.StepGuard.begin",
-    "pyro_sparsegp.infer.guard.StepGuard.check", "pyro_sparsegp.infer.guard.StepGuard.is_numerical",
-    "pyro_sparsegp.infer.guard.StepGuard.numerical_failure", "pyro_sparsegp.infer.guard.StepGuard.redo",
-    "pyro_sparsegp.infer.steps.TrainingStep.clear", "pyro_sparsegp.infer.natgrad.closed_forms.natgrad_step_for",
-    "pyro_sparsegp.kernels.batched.expected_input_dim", "pyro_sparsegp.linalg.CholeskyJitterWarning",
-    "pyro_sparsegp.linalg.default_jitter",
+NO_TENSORS = {TRAINING + name for name in (
+    "checkpoint.FitState", "guard.NonFiniteLossError", "checkpoint.save_checkpoint", "checkpoint.load_checkpoint",
+    "batches.EpochBatchSampler.steps_per_epoch", "batches.BatchSource.restart", "distributed.rank_and_world_size",
+    "guard.StepGuard.begin", "guard.StepGuard.check", "guard.StepGuard.is_numerical",
+    "guard.StepGuard.numerical_failure", "guard.StepGuard.redo", "steps.TrainingStep.clear",
+)} | {
+    "pyro_sparsegp.infer.natgrad.closed_forms.natgrad_step_for", "pyro_sparsegp.kernels.batched.expected_input_dim",
+    "pyro_sparsegp.linalg.CholeskyJitterWarning", "pyro_sparsegp.linalg.default_jitter",
 }
 INHERITED = {"expand", "log_prob", "sample", "rsample", "mean", "variance", "support", "forward", "cdf", "icdf",
              "entropy", "enumerate_support", "__init__"}

@@ -2,6 +2,7 @@
 
 from . import (
     bounds,
+    checking,
     composition,
     conditionals,
     conv,
@@ -18,6 +19,7 @@ from . import (
     mean_functions,
     variational,
 )
+from .checking import ModelShapeError, check_model
 from .conv import ConvLayer, DeepConvGP
 from .deep import DeepGP
 from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, InducingSum
@@ -71,7 +73,10 @@ __all__ = [
     "Beta",
     "HeteroscedasticGaussian",
     "CholeskyJitterWarning",
+    "check_model",
+    "ModelShapeError",
     "bounds",
+    "checking",
     "composition",
     "datasets",
     "data_stream",

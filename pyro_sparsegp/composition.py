@@ -32,6 +32,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 
 from .naming import check_not_superseded
+from .reporting import in_layer
 
 __all__ = [
     "plate",
@@ -128,7 +129,7 @@ def layer_method(fn=None, *, guide_arg: str | None = None, owner: str | None = N
         def method(self, *args, **kwargs):
             module = self if owner is None else getattr(self, owner)
             check_not_superseded(module)
-            with module._pyro_context:
+            with module._pyro_context, in_layer(getattr(module, "name", None)):
                 guide = kwargs.get(guide_arg, False) if guide_arg else None
                 _seed_context(module, guide)
                 return fn(self, *args, **kwargs)

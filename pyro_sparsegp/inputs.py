@@ -8,7 +8,7 @@ integer labels keep their integer dtype. Errors name the sizes as the user knows
 features, ``M`` inducing inputs, ``L`` outputs, ``K`` classes.
 
 A cast to a lower precision (float64 data into a float32 model) warns with
-:class:`~pyro_sparsegp.validation.InputPrecisionWarning` when it keeps less than half of the significant digits
+:class:`InputPrecisionWarning` when it keeps less than half of the significant digits
 that the data carried relative to their spread: float32 Unix seconds (offset 1.7e9, spacing 128 s) lose everything
 within a day, while standardised data lose nothing that float32 could hold.
 """
@@ -22,7 +22,12 @@ import torch
 
 from .linalg import _warn_once
 
-__all__ = ["as_tensor", "as_targets", "digits_kept"]
+__all__ = ["as_tensor", "as_targets", "digits_kept", "InputPrecisionWarning"]
+
+
+class InputPrecisionWarning(UserWarning):
+    """The inputs' offset dwarfs their spread in the working dtype: their information is lost to rounding (also
+    importable from :mod:`pyro_sparsegp.validation`, where it was defined first)."""
 
 
 def _type_name(x) -> str:
@@ -52,8 +57,6 @@ def digits_kept(x: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
 
 def _warn_cast(t: torch.Tensor, name: str, dtype: torch.dtype) -> None:
     """Warn once per (name, dtypes) when casting ``t`` to ``dtype`` keeps less than half its significant digits."""
-    from .validation import InputPrecisionWarning
-
     if torch.finfo(dtype).eps <= torch.finfo(t.dtype).eps:
         return
     before, after = digits_kept(t, dtype)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 
 import numpy as np
 import torch
@@ -67,11 +66,15 @@ def reset_warnings() -> None:
         hook()
 
 
-def _warn_once(cause, message, category, stacklevel=3):
+def _warn_once(cause, message, category, stacklevel=None, layer=None):
+    """Warn once per ``cause`` through :func:`pyro_sparsegp.reporting.warn` (the layer and the step appended, the
+    user's line pointed at; ``stacklevel`` is ignored: kept for callers that still pass it)."""
     if cause in _REPORTED:
         return
     _REPORTED.add(cause)
-    warnings.warn(message, category, stacklevel=stacklevel)
+    from .reporting import warn
+
+    warn(message, category, layer=layer)
 
 
 #: The advice of :class:`IllConditionedWarning` for the inducing inputs' kernel matrix of an un-whitened layer.

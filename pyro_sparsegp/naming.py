@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gc
 import re
-import warnings
 import weakref
 
 import pyro
@@ -112,12 +111,13 @@ def claim_name(module, name: str) -> None:
     stale = [k for k in list(store.keys()) if k.startswith(name + ".")]
     if old is not None and old is not module:
         old.__dict__["_psgp_superseded"] = name
-        warnings.warn(
+        from .reporting import warn
+
+        warn(
             f"a module named {name!r} already exists and shares Pyro's global parameter store; this new module takes "
             f"the name, and the earlier one will raise if used again (it would otherwise read this module's "
             "parameters). Leave name=None for a unique name, or use pyro.settings.set(module_local_params=True).",
             ParamStoreWarning,
-            stacklevel=4,
         )
     for k in stale:
         del store[k]

@@ -23,7 +23,7 @@ import numbers
 import torch
 
 from . import deferred
-from .inputs import as_tensor
+from .inputs import InputPrecisionWarning, as_tensor
 from .kernels import expected_input_dim, required_features
 from .linalg import _RESET_HOOKS, _warn_once
 
@@ -32,10 +32,6 @@ __all__ = ["InputPrecisionWarning", "check_tensor", "check_module_args", "check_
 
 # warn when the spacing of floats at the inputs' magnitude exceeds this fraction of their spread
 _RESOLUTION = 1e-3
-
-
-class InputPrecisionWarning(UserWarning):
-    """The inputs' offset dwarfs their spread in the working dtype: their information is lost to rounding."""
 
 
 def _type_name(x) -> str:

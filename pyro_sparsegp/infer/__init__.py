@@ -1,61 +1,43 @@
-"""Inference: natural-gradient steps, the ``fit`` training loop, EP/SEP (``fit_ep``), GFITC (``fit_gfitc``) and MFSp
-(``fit_mfsp``)."""
+"""Inference, in three subpackages:
 
-from .averaging import IterateAverage
-from .ep import EPState, ep_log_evidence, ep_surrogate, fit_ep
-from .exact_finish import exact_finish_
-from .fit import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
-from .gfitc import GFITCConvergenceWarning, GFITCState, fit_gfitc, gfitc_log_evidence, gfitc_surrogate
-from .mfsp import MFSpState, fit_mfsp, mfsp_bound
-from .natgrad import (
-    clear_natgrad_probes,
-    gaussian_natgrad_step,
-    natgrad_families,
-    natgrad_from_grads_,
-    natgrad_pairs,
-    natgrad_step,
-    natgrad_step_for,
-    polya_gamma_natgrad_step,
-    set_natgrad_probes,
-    solvegp_joint_natgrad_from_grads_,
-    solvegp_natgrad_step,
-)
-from .natural_gradient import NaturalGradient
-from .schedules import LogLinearWarmup, RunningAverageStart
+* :mod:`~pyro_sparsegp.infer.training`: the training loop :func:`fit` and its parts (batches, steps, guard,
+  checkpoints, data-parallel, the exact finish, progress);
+* :mod:`~pyro_sparsegp.infer.natgrad`: natural gradients: the optimiser :class:`NaturalGradient` for any ``SVI``
+  program, ``fit``'s ``"auto"`` policy, schedules, the iterate average, and the closed-form and autodiff steps;
+* :mod:`~pyro_sparsegp.infer.ep`: EP and SEP (:func:`fit_ep`), GFITC (:func:`fit_gfitc`) and MFSp (:func:`fit_mfsp`).
+
+``ps.infer`` exports what a user calls; the rest is importable from its subpackage. Names and module paths of the
+flat layout before it (``ps.infer.natgrad_step``, ``pyro_sparsegp.infer.natgrad_options``, ...) still work and
+warn with a ``DeprecationWarning`` that names the new place (:mod:`._moved`).
+"""
+
+from . import _moved
+from .ep import EPState, GFITCConvergenceWarning, GFITCState, MFSpState, fit_ep, fit_gfitc, fit_mfsp
+from .natgrad import NaturalGradient, natgrad_families
+from .training import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
 
 __all__ = [
-    "fit_ep",
-    "EPState",
-    "ep_log_evidence",
-    "ep_surrogate",
-    "fit_gfitc",
-    "GFITCState",
-    "GFITCConvergenceWarning",
-    "gfitc_log_evidence",
-    "gfitc_surrogate",
-    "fit_mfsp",
-    "mfsp_bound",
-    "MFSpState",
     "fit",
     "FitState",
     "NonFiniteLossError",
-    "EpochBatchSampler",
     "save_checkpoint",
     "load_checkpoint",
+    "EpochBatchSampler",
     "NaturalGradient",
-    "LogLinearWarmup",
-    "RunningAverageStart",
-    "IterateAverage",
-    "exact_finish_",
-    "natgrad_step",
-    "gaussian_natgrad_step",
-    "polya_gamma_natgrad_step",
-    "natgrad_step_for",
-    "natgrad_from_grads_",
     "natgrad_families",
-    "solvegp_natgrad_step",
-    "solvegp_joint_natgrad_from_grads_",
-    "natgrad_pairs",
-    "set_natgrad_probes",
-    "clear_natgrad_probes",
+    "fit_ep",
+    "EPState",
+    "fit_gfitc",
+    "GFITCState",
+    "GFITCConvergenceWarning",
+    "fit_mfsp",
+    "MFSpState",
 ]
+
+_moved.install(__name__)
+
+
+def __getattr__(name: str):
+    """A name the flat layout exported from ``ps.infer`` (e.g. ``natgrad_step``): returned from its new module with a
+    ``DeprecationWarning`` that names it. No tensors, so shapes do not apply."""
+    return _moved.moved_name(__name__, name)

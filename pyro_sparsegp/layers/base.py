@@ -5,7 +5,6 @@ as the next layer's inputs). No paper equation: the plumbing of the site contrac
 from __future__ import annotations
 
 import contextlib
-import warnings
 
 import torch
 
@@ -15,6 +14,7 @@ from .. import inducing as ind
 from ..composition import plate as data_plate
 from ..inputs import as_targets, as_tensor
 from ..likelihoods import _check_finite
+from ..reporting import warn
 from ..validation import check_data, check_module_args
 
 __all__ = ["as_inputs", "named_data_plate", "sample_marginal", "qf_points", "UntrainableWarning", "LayerData",
@@ -57,12 +57,11 @@ def layer_arguments(kernel, Z, likelihood, num_outputs, integrate_f, jitter, mea
     if integrate_f is None:
         integrate_f = piecewise
     elif piecewise and not integrate_f:
-        warnings.warn(
+        warn(
             f"{type(likelihood).__name__} is piecewise constant in f: with integrate_f=False the sampled f site "
             "gives an unbiased estimate of the bound but no gradient to the kernel, Z or q(u), so SVI trains "
             "nothing. Use integrate_f=True (the default for it) or fit(..., elbo='analytic') to train.",
             UntrainableWarning,
-            stacklevel=3,
         )
     inducing = ind.as_inducing(Z)  # a tensor Z: inducing points; or inducing patches (pyro_sparsegp.inducing)
     per_output = tuple(inducing.batch_shape)

@@ -148,7 +148,7 @@ class DeepGP(DeepPrediction, PyroModule):
         SOLVE-GP last layer, its full-covariance ``q(v⊥)`` too. A list of modules (``u_loc [..., M]``,
         ``u_scale_tril [..., M, M]``). Here natural steps on every layer (``fit(natgrad_layers="all")``: the hidden
         layers from half the steps on, their iterates averaged at the end) did not fail on kin8nm, and their test
-        log-likelihood depends on that average (:mod:`~pyro_sparsegp.infer.natgrad_options`)."""
+        log-likelihood depends on that average (:mod:`~pyro_sparsegp.infer.natgrad.policy`)."""
         return self.last.strategy.natgrad_families()
 
     def check_inputs(self, X, y=None):

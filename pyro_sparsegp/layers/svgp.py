@@ -22,6 +22,7 @@ import torch
 from pyro.nn import PyroModule
 
 from .. import covariances as cov
+from ..checking import record_layer
 from ..composition import BoundModule, check_plate_alignment, draw_hyperparameters, layer_method, sampled_attributes
 from ..distributions import MarginalizedLikelihood
 from ..likelihoods import Likelihood
@@ -151,6 +152,7 @@ class SVGP(LayerData, Prediction, KeepsOwnName, PyroModule):
         the whitened ``v`` with prior ``N(0, I)``. The inducing variables of Hensman, Fusi, Lawrence 2013 (section
         3.1, with :math:`q(u) = N(m, S)`)."""
         draw_hyperparameters(self)  # PyroSample hyperparameters are sites here, outside the data plate
+        record_layer(self, guide)  # the trace under construction, for a check at an optimiser's first step
         with self._outputs_plate(new=True):
             dists = self.strategy.site_distributions(guide)
             out = tuple(pyro.sample(f"{self.name}.{s}", d) for s, d in zip(self.strategy.sites, dists, strict=True))

@@ -10,7 +10,7 @@ The Pólya-Gamma pieces live in three places, one concept each:
   :mod:`pyro_sparsegp.distributions.kl`; the augmented observation factor in
   :mod:`pyro_sparsegp.distributions.augmented`;
 * this module: the likelihood and the bound's closed forms;
-* :func:`pyro_sparsegp.infer.polya_gamma_natgrad_step`: the closed-form natural-gradient step.
+* :func:`pyro_sparsegp.infer.natgrad.polya_gamma_natgrad_step`: the closed-form natural-gradient step.
 
 :mod:`pyro_sparsegp.bounds.polya_gamma` writes the augmented bound out from dense matrices, an oracle for the tests.
 Shapes: ``f``, ``y``, ``omega`` and the marginals of q(f) are ``[..., B]``.

@@ -110,7 +110,7 @@ def test_mean_parameters_train_and_width_is_checked():
 
 
 def test_closed_form_natgrad_refuses_a_mean_function():
-    from pyro_sparsegp.infer import gaussian_natgrad_step
+    from pyro_sparsegp.infer.natgrad import gaussian_natgrad_step
 
     gp = ps.SVGP(RBF(2), torch.randn(4, 2), ps.Gaussian(), mean_function=Constant(1, 1.0))
     with pytest.raises(ValueError, match="zero mean function"):

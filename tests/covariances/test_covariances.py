@@ -266,4 +266,4 @@ def test_mfsp_fits_a_layer_with_inducing_patches():
     gp = _patch_classifier(ps.Bernoulli("probit"))
     ps.infer.fit_mfsp(gp, X, y, num_iters=2, frozen_iters=1)
     assert torch.isfinite(gp.predict(X)[0]).all()
-    assert torch.isfinite(ps.infer.mfsp_bound(gp, X, y, torch.zeros(12)))
+    assert torch.isfinite(ps.infer.ep.mfsp_bound(gp, X, y, torch.zeros(12)))

@@ -16,7 +16,7 @@ from pyro_sparsegp import deferred
 from pyro_sparsegp.deep import build_deep_gp
 from pyro_sparsegp.linalg import CholeskyJitterWarning, reset_warnings
 
-FIT = importlib.import_module("pyro_sparsegp.infer.fit")  # the module (``ps.infer.fit`` is the function)
+FIT = importlib.import_module("pyro_sparsegp.infer.training.fit")  # the module (``ps.infer.fit`` is the function)
 READS = ("__bool__", "item", "tolist", "__float__", "__int__", "__index__")
 
 

@@ -12,8 +12,8 @@ from finite_differences import central_difference
 from pyro.contrib.gp.kernels import RBF, Sum, WhiteNoise
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.infer import EPState, ep_log_evidence, ep_surrogate, fit_ep
-from pyro_sparsegp.infer.ep import ep_refine
+from pyro_sparsegp.infer import EPState, fit_ep
+from pyro_sparsegp.infer.ep import ep_log_evidence, ep_refine, ep_surrogate
 from pyro_sparsegp.kernels import kernel_diag, kernel_matrix
 from pyro_sparsegp.linalg import cholesky
 
@@ -388,8 +388,8 @@ def test_ep_gfitc_and_mfsp_use_the_pair_covariances_of_inducing_patches():
     eq. 6 with the mean normalisation ``c = 1/P``), and both methods then fit and predict."""
     from pyro_sparsegp.covariances import Kdiag
     from pyro_sparsegp.infer import fit_gfitc
-    from pyro_sparsegp.infer.ep import _fitc_stats
-    from pyro_sparsegp.infer.mfsp import _pieces
+    from pyro_sparsegp.infer.ep.mfsp import _pieces
+    from pyro_sparsegp.infer.ep.sites import _fitc_stats
 
     H = W = 5
     base = RBF(9, variance=torch.tensor(1.3), lengthscale=torch.tensor(2.0))

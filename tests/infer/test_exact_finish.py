@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.infer import fit
-from pyro_sparsegp.infer.exact_finish import exact_finish_
+from pyro_sparsegp.infer.training.exact_finish import exact_finish_
 from pyro_sparsegp.mean_functions import Constant
 
 
@@ -231,7 +231,7 @@ def test_finish_refuses_what_it_cannot_do():
     hyper = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(noise=0.5))
     hyper.kernel.lengthscale = PyroSample(dist.LogNormal(0.0, 1.0))
     with pytest.raises(ValueError, match="RBF.lengthscale is a PyroSample"):
-        ps.infer.exact_finish_(hyper, [(X, y)])
+        ps.infer.training.exact_finish_(hyper, [(X, y)])
     with_mean = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(noise=0.5), mean_function=Constant())
     with pytest.raises(ValueError, match="it has a mean function"):
         fit(with_mean, X, y, num_steps=1, progress=False, finish="exact")

@@ -232,7 +232,7 @@ def test_solvegp_trains_with_natural_gradients():
 
 
 def test_the_sampler_visits_every_point_once_per_epoch_in_memory_independent_of_n():
-    from pyro_sparsegp.infer.fit import _round_keys, permute_positions
+    from pyro_sparsegp.infer.training.fit import _round_keys, permute_positions
 
     for n in [1, 2, 3, 7, 64, 1000, 4099]:
         p = permute_positions(np.arange(n), n, _round_keys(5, 2))
@@ -318,7 +318,7 @@ def test_a_run_with_lazily_created_parameters_resumes_exactly(tmp_path):
 def test_fits_update_is_the_natural_gradient_optimiser_over_its_adam(natgrad_lr):
     """fit and a user's SVI share one engine: fit's update is ps.infer.NaturalGradient wrapping fit's own Adam (the
     optimiser its checkpoints hold); without natural gradients it is that Adam alone."""
-    from pyro_sparsegp.infer.steps import TrainingStep
+    from pyro_sparsegp.infer.training.steps import TrainingStep
 
     X = torch.randn(40, 2)
     gp = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(0.1))
@@ -338,8 +338,8 @@ def test_the_fit_loop_keeps_to_the_house_rules():
     import ast
     import pathlib
 
-    folder = pathlib.Path(ps.__file__).parent / "infer"
-    for name in ["fit", "batches", "checkpoint", "guard", "distributed", "steps"]:
+    folder = pathlib.Path(ps.__file__).parent / "infer" / "training"
+    for name in ["fit", "batches", "checkpoint", "guard", "distributed", "steps", "exact_finish", "progress"]:
         src = (folder / f"{name}.py").read_text()
         assert len(src.splitlines()) <= 400 and "nonlocal" not in src, name
         for node in ast.walk(ast.parse(src)):

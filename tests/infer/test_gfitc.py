@@ -13,15 +13,9 @@ from finite_differences import central_difference
 from pyro.contrib.gp.kernels import RBF, Sum, WhiteNoise
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.infer import (
-    GFITCConvergenceWarning,
-    GFITCState,
-    fit_ep,
-    fit_gfitc,
-    gfitc_log_evidence,
-    gfitc_surrogate,
-)
-from pyro_sparsegp.infer.gfitc import gfitc_marginals
+from pyro_sparsegp.infer import GFITCConvergenceWarning, GFITCState, fit_ep, fit_gfitc
+from pyro_sparsegp.infer.ep import gfitc_log_evidence, gfitc_surrogate
+from pyro_sparsegp.infer.ep.gfitc import gfitc_marginals
 from pyro_sparsegp.kernels import kernel_diag, kernel_matrix
 from pyro_sparsegp.linalg import cholesky
 
@@ -246,7 +240,7 @@ def test_glass_fit_in_line_with_ep():
 def test_extrapolation_keeps_the_fixed_point_and_saves_sweeps():
     """EP on glass at the initial hyper-parameters has one slow mode (the residual shrinks by ~0.3 % per sweep):
     the one-direction extrapolation of ``_run_ep`` reaches the same fixed point in well under half the sweeps."""
-    from pyro_sparsegp.infer.gfitc import _fitc_stats, _run_ep
+    from pyro_sparsegp.infer.ep.gfitc import _fitc_stats, _run_ep
 
     X, y, _, _ = _glass()
     gp = _glass_model(X)

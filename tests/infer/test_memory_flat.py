@@ -47,7 +47,7 @@ pyro.settings.set(module_local_params=True)
 torch.set_default_dtype(torch.float64)
 from pyro.contrib.gp.kernels import RBF
 import pyro_sparsegp as ps
-import pyro_sparsegp.infer.batches as batches
+import pyro_sparsegp.infer.training.batches as batches
 from pyro_sparsegp.infer import fit
 
 N, inject = int(sys.argv[1]), sys.argv[2]

@@ -9,7 +9,8 @@ from pyro.contrib.gp.kernels import RBF
 from scipy import stats
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.infer import fit_mfsp, mfsp_bound
+from pyro_sparsegp.infer import fit_mfsp
+from pyro_sparsegp.infer.ep import mfsp_bound
 from pyro_sparsegp.kernels import kernel_diag, kernel_matrix
 from pyro_sparsegp.linalg import cholesky
 

@@ -11,8 +11,8 @@ import torch
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.infer import progress
-from pyro_sparsegp.infer.progress import Progress
+from pyro_sparsegp.infer.training import progress
+from pyro_sparsegp.infer.training.progress import Progress
 
 
 def _fit_into(stream, monkeypatch, steps):
@@ -26,14 +26,18 @@ def _fit_into(stream, monkeypatch, steps):
 
 
 def _step_lines(out: str) -> list:
-    """The progress lines of ``out`` (without fit's closing line on its exact finish)."""
+    """The progress lines of ``out`` (without fit's lines at its start and end)."""
     return [line for line in out.strip().splitlines() if line.startswith("fit: step")]
 
 
 def test_redirected_fit_writes_a_line_every_five_percent(monkeypatch):
     out = _fit_into(io.StringIO(), monkeypatch, 400)
     assert "\r" not in out
-    assert out.strip().splitlines()[-1].startswith("fit: exact finish of q(u) and the noise on all 200 points")
+    text = out.strip().splitlines()
+    assert text[0].startswith("fit: 400 steps of 50 rows of N = 200 (100 epochs); q(u): natural steps of 0.1"), text[0]
+    assert "finish: exact" in text[0]  # the start line says what "auto" chose
+    assert text[-2].startswith("fit: exact finish of q(u) and the noise on all 200 points")
+    assert text[-1].startswith("fit: done: 400 steps in ") and "per point" in text[-1], text[-1]
     lines = _step_lines(out)
     assert 20 <= len(lines) <= 21, lines  # 5 %, 10 %, ..., 100 % (a 30 s line at most once more)
     assert lines[-1].startswith("fit: step 400/400 (100%)") and "elbo" in lines[-1] and "steps/s" in lines[-1]
@@ -100,6 +104,25 @@ def test_disabled_progress_writes_nothing(monkeypatch):
     ps.infer.fit(ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(0.1)), X, X[:, 0], num_steps=5, progress=False)
     monkeypatch.undo()
     assert buf.getvalue() == ""
+
+
+def test_the_summary_line_gives_the_mean_bound_of_the_last_steps(monkeypatch):
+    """The end line's bound per point is minus the mean loss of the last 20 steps over N (an independent recount
+    from the callback's losses), and a non-conjugate run says what its natural finish did."""
+    losses = []
+    X = torch.randn(120, 2)
+    y = (X[:, 0] > 0).to(X.dtype)
+    gp = ps.SVGP(RBF(2), X[:8].clone(), ps.Bernoulli())
+    buf = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", buf)
+    ps.infer.fit(gp, X, y, num_steps=40, batch_size=60, callback=lambda step, loss: losses.append(loss))
+    monkeypatch.undo()
+    text = buf.getvalue().strip().splitlines()
+    assert "positive-definite" in text[0] and "finish: natural" in text[0], text[0]
+    end = text[-1]
+    shown = float(end.split("bound ")[1].split()[0])
+    assert shown == pytest.approx(-sum(losses[-20:]) / 20 / 120, rel=1e-3), (end, losses[-20:])
+    assert "finish: natural, " in end and "steps accepted" in end, end
 
 
 @pytest.mark.filterwarnings("default::UserWarning")

@@ -14,7 +14,7 @@ from pyro.nn import PyroSample
 import pyro_sparsegp as ps
 from pyro_sparsegp.conv import ConvLayer, DeepConvGP, init_patches, log_likelihood_and_accuracy
 from pyro_sparsegp.infer import fit
-from pyro_sparsegp.infer.fit import _default_elbo
+from pyro_sparsegp.infer.training.steps import _default_elbo
 from pyro_sparsegp.variational import GaussianQ
 
 H, W, C = 7, 6, 2

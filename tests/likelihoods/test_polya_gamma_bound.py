@@ -10,7 +10,7 @@ from pyro.contrib.gp.kernels import RBF
 import pyro_sparsegp as ps
 from pyro_sparsegp.bounds import polya_gamma as PG
 from pyro_sparsegp.bounds import svgp as B
-from pyro_sparsegp.infer import polya_gamma_natgrad_step
+from pyro_sparsegp.infer.natgrad import polya_gamma_natgrad_step
 from pyro_sparsegp.likelihoods.polya_gamma import jaakkola_jordan_bound, optimal_c
 
 N, M, D = 30, 6, 2

@@ -191,7 +191,7 @@ def natgrad_case(lik, lr):
                       "polya_gamma": ps.PolyaGammaLogit()}[lik]
         y = (X[:, 0] > 0).to(X.dtype)
     gp = ps.SVGP(RBF(2), X[:6].clone(), likelihood, num_outputs=L)
-    step = ps.infer.natgrad_step_for(likelihood)
+    step = ps.infer.natgrad.natgrad_step_for(likelihood)
 
     def check(_):
         S = gp.q_u.u_scale_tril.detach()

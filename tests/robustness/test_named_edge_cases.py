@@ -143,7 +143,7 @@ def _natgrad_lr_zero():
     gp = _gp(ps.Bernoulli())
     X = torch.randn(10, 2)
     before = gp.q_u.u_loc.detach().clone()
-    ps.infer.natgrad_step(gp, X, (X[:, 0] > 0).to(X.dtype), lr=0.0)
+    ps.infer.natgrad.natgrad_step(gp, X, (X[:, 0] > 0).to(X.dtype), lr=0.0)
     assert not torch.equal(before, gp.q_u.u_loc), "natgrad_lr=0 accepted and did nothing"
 
 
@@ -187,7 +187,7 @@ def _natgrad_robustmax():
 def _natgrad_lr_two():
     gp = _gp(ps.Bernoulli())
     X = torch.randn(30, 2)
-    ps.infer.natgrad_step(gp, X, (X[:, 0] > 0).to(X.dtype), lr=2.0)
+    ps.infer.natgrad.natgrad_step(gp, X, (X[:, 0] > 0).to(X.dtype), lr=2.0)
     S = gp.q_u.u_scale_tril.detach()
     assert bool(torch.isfinite(S).all())
 

@@ -27,9 +27,13 @@ cone, so for it damping is reserved for non-finite gradients.
 
 One module per concept: :mod:`.closed_forms` (the steps from the likelihood's closed forms), :mod:`.from_grads` (the
 steps from the ELBO's gradient, and the noise's), :mod:`.joint` (SOLVE-GP's joint step and its probes),
-:mod:`.families` (which families and noise the steps train), :mod:`.damping` (the damping rule and its warning).
+:mod:`.families` (which families and noise the steps train), :mod:`.damping` (the damping rule and its warning);
+and around them :mod:`.optimizer` (:class:`NaturalGradient`, the Pyro optimiser that takes these steps in any ``SVI``
+program), :mod:`.policy` (``fit``'s ``"auto"`` natural-gradient policy), :mod:`.schedules` (step-length schedules) and
+:mod:`.averaging` (the iterate average of the natural parameters).
 """
 
+from .averaging import IterateAverage
 from .closed_forms import gaussian_natgrad_step, natgrad_step, natgrad_step_for, polya_gamma_natgrad_step
 from .damping import NatGradDampingWarning, check_natgrad_lr
 from .families import natgrad_families, noise_natgrad_likelihood
@@ -41,8 +45,17 @@ from .joint import (
     solvegp_joint_natgrad_from_grads_,
     solvegp_natgrad_step,
 )
+from .optimizer import NaturalGradient
+from .policy import NatGradPlan, resolve_natgrad
+from .schedules import LogLinearWarmup, RunningAverageStart
 
 __all__ = [
+    "NaturalGradient",
+    "LogLinearWarmup",
+    "RunningAverageStart",
+    "IterateAverage",
+    "NatGradPlan",
+    "resolve_natgrad",
     "natgrad_step",
     "gaussian_natgrad_step",
     "polya_gamma_natgrad_step",

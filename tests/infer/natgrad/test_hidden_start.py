@@ -11,13 +11,13 @@ import pytest
 import torch
 
 import pyro_sparsegp as ps
-import pyro_sparsegp.infer.natural_gradient as natural_gradient
+import pyro_sparsegp.infer.natgrad.optimizer as natural_gradient
 from pyro_sparsegp.deep import build_deep_gp
 from pyro_sparsegp.infer import fit
 from pyro_sparsegp.infer.natgrad import NatGradDampingWarning
-from pyro_sparsegp.infer.natgrad_options import AUTO_HIDDEN_START, resolve_natgrad
+from pyro_sparsegp.infer.natgrad.policy import AUTO_HIDDEN_START, resolve_natgrad
 
-fit_module = importlib.import_module("pyro_sparsegp.infer.fit")  # the module (the package's ``fit`` is the function)
+fit_module = importlib.import_module("pyro_sparsegp.infer.training.fit")  # the module; ps.infer.fit is the function
 
 
 def _data(n=80):
@@ -173,7 +173,7 @@ def test_an_average_of_near_singular_iterates_keeps_the_last_one_and_says_so():
     entries of Adam's step size over a 1e-5 diagonal: its precision is not representable in float64. Averaging such
     iterates (``average`` on a short run that joins the hidden layers late) keeps the family's last iterate with a
     ``RuntimeWarning`` naming it, and still averages the well-conditioned family beside it."""
-    from pyro_sparsegp.infer.averaging import IterateAverage
+    from pyro_sparsegp.infer.natgrad.averaging import IterateAverage
     from pyro_sparsegp.variational import GaussianQ
 
     dt = torch.get_default_dtype()
@@ -193,7 +193,7 @@ def test_an_average_of_near_singular_iterates_keeps_the_last_one_and_says_so():
     assert torch.allclose(bad.u_scale_tril.detach(), before[1])
     assert torch.allclose(good.u_loc.detach(), torch.full((12,), 0.5, dtype=dt))  # the mean of 0 and 1
     # positive definite but conditioned beyond MAX_CONDITION (diagonal 1 and 1e-6: 1e12): kept too
-    from pyro_sparsegp.infer.averaging import MAX_CONDITION
+    from pyro_sparsegp.infer.natgrad.averaging import MAX_CONDITION
 
     with torch.no_grad():
         bad.u_scale_tril = torch.diag(torch.tensor([1.0] * 11 + [1e-6], dtype=dt))
@@ -207,7 +207,7 @@ def test_an_average_of_the_hidden_layers_goes_with_the_exact_finish_of_the_last(
     """``natgrad_layers="all"`` with ``average``: the hidden layers' q(u) end at the average of their iterates over the
     window (natural parameters), and the last layer's q(u) and the noise take the exact finish (which sets them at
     their optimum given the averaged hidden layers), where an SVGP's ``average`` and ``finish="exact"`` still clash."""
-    from pyro_sparsegp.infer.averaging import IterateAverage
+    from pyro_sparsegp.infer.natgrad.averaging import IterateAverage
 
     X, y = _data()
     dgp = _dgp(X)
@@ -237,7 +237,7 @@ def test_auto_average_covers_the_hidden_layers_of_all_beside_the_exact_finish(mo
     """``average="auto"`` (the default) is :data:`AUTO_HIDDEN_AVERAGE` of the steps for a deep GP's hidden layers
     under ``natgrad_layers="all"`` with the exact finish, and no average elsewhere (the last layer only, no finish,
     an SVGP). A run too short for it keeps the last iterate and says so on the progress stream, not as a warning."""
-    from pyro_sparsegp.infer.natgrad_options import AUTO_HIDDEN_AVERAGE
+    from pyro_sparsegp.infer.natgrad.policy import AUTO_HIDDEN_AVERAGE
 
     X, y = _data()
     trainers, real_trainer = [], fit_module.TrainingStep

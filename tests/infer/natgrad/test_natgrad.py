@@ -6,8 +6,13 @@ from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.bounds import svgp as B
-from pyro_sparsegp.infer import fit, gaussian_natgrad_step, natgrad_step
-from pyro_sparsegp.infer.natgrad import noise_natgrad_likelihood, noise_step_from_grads_
+from pyro_sparsegp.infer import fit
+from pyro_sparsegp.infer.natgrad import (
+    gaussian_natgrad_step,
+    natgrad_step,
+    noise_natgrad_likelihood,
+    noise_step_from_grads_,
+)
 
 N, M, D = 60, 8, 2
 

@@ -10,8 +10,13 @@ from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.bounds import solvegp as SB
-from pyro_sparsegp.infer import fit, gaussian_natgrad_step
-from pyro_sparsegp.infer.natgrad import natgrad_families, natgrad_from_grads_, solvegp_natgrad_step
+from pyro_sparsegp.infer import fit
+from pyro_sparsegp.infer.natgrad import (
+    gaussian_natgrad_step,
+    natgrad_families,
+    natgrad_from_grads_,
+    solvegp_natgrad_step,
+)
 
 N, M, M2, D = 50, 6, 5, 2
 NOISE = 0.05

@@ -17,7 +17,8 @@ from pyro.nn import PyroSample
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.deep import DeepGP, build_deep_gp
-from pyro_sparsegp.infer import NaturalGradient, fit, gaussian_natgrad_step, natgrad_from_grads_
+from pyro_sparsegp.infer import NaturalGradient, fit
+from pyro_sparsegp.infer.natgrad import gaussian_natgrad_step, natgrad_from_grads_
 
 N, M, D = 40, 6, 2
 STORES = pytest.mark.parametrize("local", [True, False], ids=["module_local", "global_store"])

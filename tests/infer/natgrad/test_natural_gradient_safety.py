@@ -16,10 +16,10 @@ import pyro_sparsegp as ps
 from pyro_sparsegp import linalg
 from pyro_sparsegp.deep import build_deep_gp
 from pyro_sparsegp.infer import NaturalGradient, fit
-from pyro_sparsegp.infer.averaging import IterateAverage
 from pyro_sparsegp.infer.natgrad import NatGradDampingWarning, natgrad_from_grads_
-from pyro_sparsegp.infer.natgrad_options import AUTO_MIN_BATCH_FRACTION, resolve_natgrad
-from pyro_sparsegp.infer.schedules import LogLinearWarmup, RunningAverageStart, as_schedule
+from pyro_sparsegp.infer.natgrad.averaging import IterateAverage
+from pyro_sparsegp.infer.natgrad.policy import AUTO_MIN_BATCH_FRACTION, resolve_natgrad
+from pyro_sparsegp.infer.natgrad.schedules import LogLinearWarmup, RunningAverageStart, as_schedule
 from pyro_sparsegp.variational import GaussianQ
 
 

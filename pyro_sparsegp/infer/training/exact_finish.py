@@ -48,20 +48,20 @@ import time
 
 import torch
 
-from ..composition import sampled_attributes
-from ..likelihoods import Gaussian
+from ...composition import sampled_attributes
+from ...likelihoods import Gaussian
+from ..natgrad.closed_forms import _A, _targets
+from ..natgrad.families import noise_natgrad_likelihood
+from ..natgrad.from_grads import _set_constrained
 from .distributed import rank_and_world_size
-from .natgrad.closed_forms import _A, _targets
-from .natgrad.families import noise_natgrad_likelihood
-from .natgrad.from_grads import _set_constrained
 
 __all__ = ["exact_finish_", "supports_exact_finish", "why_not_exact_finish", "resolve_finish", "finish_run"]
 
 
 def _families(module) -> list:
     """The Gaussian families the finish sets: ``[q_u]`` (SVGP), ``[q_u, q_v]`` (SOLVE-GP, ODVGP), ``[]`` otherwise."""
-    from ..layers import SOLVEGP, SVGP
-    from ..layers.solvegp import OrthogonalInputs
+    from ...layers import SOLVEGP, SVGP
+    from ...layers.solvegp import OrthogonalInputs
 
     if isinstance(module, SOLVEGP):
         return [module.q_u, module.q_v]
@@ -79,7 +79,7 @@ def why_not_exact_finish(module) -> str | None:
     (not SOLVE-GP's ODVGP restriction, whose q(v⊥) is the prior's), none frozen with ``requires_grad_(False)`` (the
     finish would overwrite it), and fixed hyperparameters (no ``PyroSample``: read outside a trace it would be a draw
     from its prior). No tensors, so shapes do not apply."""
-    from ..layers import DeepGP
+    from ...layers import DeepGP
 
     name = type(module).__name__
     if isinstance(module, DeepGP):  # its last layer, given the hidden layers' samples (module docstring)
@@ -247,7 +247,7 @@ def exact_finish_(svgp, batches, num_data: int | None = None, max_iter: int = 50
     :param tol: stop when the noise's relative change is below ``tol``.
     :returns: the number of alternations taken (0 for a fixed noise: q(u) alone is set, once).
     """
-    from ..layers import DeepGP
+    from ...layers import DeepGP
 
     if (reason := why_not_exact_finish(svgp)) is not None:
         raise ValueError(f"exact_finish_ cannot finish this module: {reason}")
@@ -321,7 +321,7 @@ def resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps,
 
 def finish_run(module, source, num_data: int, show: bool) -> None:
     """fit's last pass (:func:`exact_finish_` over ``source.one_pass()`` of a
-    :class:`~pyro_sparsegp.infer.batches.BatchSource`), with a line on ``stderr`` where
+    :class:`~pyro_sparsegp.infer.training.batches.BatchSource`), with a line on ``stderr`` where
     progress is shown (a pass over a large data set takes a while after the bar's 100%): the rows it saw, which for
     a loader (a ``drop_last`` one, or a shard per rank) may be fewer than ``num_data``, scaled up to it. The batches
     are ``(X [B, D], y [B] or [B, L])``; nothing is returned (Titsias 2009's optimum is written into ``module``)."""

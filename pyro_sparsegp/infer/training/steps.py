@@ -22,9 +22,8 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 from pyro.optim import PyroOptim
 
-from ..likelihoods import Gaussian
-from .distributed import average_loss_and_gradients
-from .natgrad import (
+from ...likelihoods import Gaussian
+from ..natgrad import (
     clear_natgrad_probes,
     natgrad_from_grads_,
     natgrad_pairs,
@@ -32,8 +31,9 @@ from .natgrad import (
     set_natgrad_probes,
     solvegp_joint_natgrad_from_grads_,
 )
-from .natgrad_options import resolve_natgrad
-from .natural_gradient import NaturalGradient
+from ..natgrad.optimizer import NaturalGradient
+from ..natgrad.policy import resolve_natgrad
+from .distributed import average_loss_and_gradients
 
 __all__ = ["TrainingStep"]
 
@@ -118,7 +118,7 @@ class TrainingStep:
         nat_ids = {id(p) for q in families if id(q) not in late for p in q.parameters()}
         if self.noise_lik is not None:
             nat_ids.add(id(self.noise_lik.noise_unconstrained))
-        self.params = list(module.parameters())
+        self.params, self.lr = list(module.parameters()), lr
         self.optimizer = torch.optim.Adam([p for p in self.params if id(p) not in nat_ids], lr=lr)
         adam = self.adam = _TorchOptim(self.optimizer)
         self.plan.start(families or self.plan.families(), self.noise_lik or noise_natgrad_likelihood(module),
@@ -168,6 +168,8 @@ class TrainingStep:
         """The update of step ``step`` from the gradients (module docstring), inside ``context()``; ``yb [B, ...]``
         gives the number of observations per data point for the noise's step (``N L`` for ``y [N, L]``). The
         natural step length follows fit's step count (a warm-up continues across a resume and a redone window)."""
+        for group in self.optimizer.param_groups:  # Adam's rate follows the plan's cooldown (1 before it)
+            group["lr"] = self.lr * self.plan.adam_multiplier(step)
         with context():
             if self.noise_lik is not None:  # y [B] or [B, L]: num_data * L observations share the noise
                 self.engine.num_obs = self.num_data * (yb.numel() // max(yb.shape[0], 1))

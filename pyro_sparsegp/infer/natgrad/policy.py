@@ -1,7 +1,8 @@
 r"""``fit``'s natural-gradient options, resolved in one place: the step length (``natgrad_lr``, ``"auto"`` per
-likelihood and layer type), its warm-up (:mod:`~pyro_sparsegp.infer.schedules`), the positive-definite step
+likelihood and layer type), its warm-up (:mod:`~pyro_sparsegp.infer.natgrad.schedules`), the positive-definite step
 (``retraction``, Lin, Schmidt, Khan 2020; :func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`),
-which layers' families take natural steps, and the iterate average at the end (:mod:`~pyro_sparsegp.infer.averaging`).
+which layers' families take natural steps, and the iterate average at the end
+(:mod:`~pyro_sparsegp.infer.natgrad.averaging`).
 
 The ``"auto"`` policy (measured by ``benchmarks/natgrad_nonconjugate.py``; see :func:`resolve_natgrad`):
 
@@ -9,8 +10,8 @@ The ``"auto"`` policy (measured by ``benchmarks/natgrad_nonconjugate.py``; see :
   (conjugate given the bound: the plain step's precision is positive definite by itself): step length 0.1, the
   plain step (exact at length 1), on the module's own families (a DeepGP's last layer); no warm-up, but a single
   layer's first steps are the running average of
-  :class:`~pyro_sparsegp.infer.schedules.RunningAverageStart` (:math:`\max(0.1, 1/(k+1))`): a length-1 first step is
-  exact there, and the running mean of the first minibatches' optima beats a 10% pull from the prior
+  :class:`~pyro_sparsegp.infer.natgrad.schedules.RunningAverageStart` (:math:`\max(0.1, 1/(k+1))`): a length-1 first
+  step is exact there, and the running mean of the first minibatches' optima beats a 10% pull from the prior
   (``natgrad_warmup=0`` gives the constant step);
 * every other likelihood on the closed-form bound (Bernoulli, robust-max, softmax): natural steps of length
   :data:`AUTO_NONCONJUGATE_LR` with the positive-definite step and a warm-up of :data:`AUTO_WARMUP` steps, except
@@ -71,8 +72,9 @@ import math
 import numbers
 
 from .averaging import IterateAverage
-from .natgrad import natgrad_families
-from .schedules import LogLinearWarmup, RunningAverageStart
+from .control import StepControl
+from .families import natgrad_families
+from .schedules import Cooldown, LogLinearWarmup, RunningAverageStart
 
 __all__ = ["resolve_natgrad", "NatGradPlan", "all_layer_families", "AUTO_NONCONJUGATE_LR", "AUTO_WARMUP",
            "AUTO_MIN_BATCH_FRACTION", "AUTO_HIDDEN_START", "AUTO_HIDDEN_AVERAGE"]
@@ -84,13 +86,15 @@ AUTO_MIN_BATCH_FRACTION = 1 / 32  # "auto" gives robust-max natural steps only f
 AUTO_HIDDEN_START = 0.5  # natgrad_layers="all": the fraction of the steps after which the hidden layers join
 AUTO_HIDDEN_AVERAGE = 0.1  # natgrad_layers="all", average="auto": the last fraction of the steps whose hidden
 # iterates are averaged (beside the exact finish of the last layer)
+AUTO_COOLDOWN = 0.5  # cooldown="auto": the last half of the steps of non-conjugate natural steps decay
+COOLDOWN_FACTOR = 0.1  # the step lengths at the end of a cooldown, relative to their held values
 _LAYERS = ("auto", "last", "all")
 
 
 def _on_patches(module) -> bool:
     """Whether ``module`` has inducing patches (a convolutional or TICK model, a conv + RBF sum, a deep conv GP):
     ``"auto"`` leaves their robust-max q(u) to Adam (module docstring). No tensors, so shapes do not apply."""
-    from ..inducing import InducingPatches
+    from ...inducing import InducingPatches
 
     return any(isinstance(m, InducingPatches) for m in module.modules())
 
@@ -99,19 +103,19 @@ def all_layer_families(module) -> list:
     """Every full-covariance :class:`~pyro_sparsegp.variational.GaussianQ` in ``module`` (all layers of a deep GP,
     not only those of ``module.natgrad_families()``). Returns a list of modules (``u_loc [..., M]``, ``u_scale_tril
     [..., M, M]``), the families of Hensman, Fusi, Lawrence 2013, section 3.2."""
-    from ..variational import GaussianQ
+    from ...variational import GaussianQ
 
     return [m for m in module.modules() if isinstance(m, GaussianQ) and m.learn_scale]
 
 
 def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", retraction="auto", layers="auto",
-                    average="auto", num_steps=0, batch_fraction=None, hidden_start="auto"):
+                    average="auto", num_steps=0, batch_fraction=None, hidden_start="auto", cooldown=None):
     """``(natgrad_lr, plan)``: the step length after the warm-up (a float, or ``None``: natural gradients off) and
     the :class:`NatGradPlan` for ``fit`` (module docstring for ``"auto"``). ``elbo``: ``fit``'s argument;
     ``default_elbo``: what ``fit`` would use without one (``"analytic"`` or a Pyro ELBO); ``batch_fraction``: ``B / N``
     (``None``: unknown, taken as large enough). No tensors, so shapes do not apply. Implements the choices of
     Salimbeni, Eleftheriadis, Hensman (2018) and Lin, Schmidt, Khan (2020)."""
-    from ..likelihoods import Gaussian, PolyaGammaLogit, RobustMax
+    from ...likelihoods import Gaussian, PolyaGammaLogit, RobustMax
 
     analytic = (elbo is None or elbo == "analytic") and default_elbo == "analytic"
     # conjugate given the bound: Gaussian, and Polya-Gamma's augmented bound (Gaussian in u given omega, whose
@@ -143,7 +147,23 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
                          f"None, got {average!r}")
     plan = NatGradPlan(module, int(warmup), retraction, layers, average, num_steps, conjugate and analytic,
                        running_start, _hidden_start(hidden_start, num_steps))
+    if natgrad_lr is not None and not (conjugate and analytic):  # the step control of control.py
+        plan.control = StepControl(start=int(warmup))
+    if isinstance(cooldown, str) and cooldown == "auto":
+        cooldown = AUTO_COOLDOWN if natgrad_lr is not None and not (conjugate and analytic) else None
+    plan.cooldown = _cooldown(cooldown)
     return natgrad_lr, plan
+
+
+def _cooldown(cooldown) -> float:
+    """The last fraction of the steps over which the step lengths decay (:class:`~.schedules.Cooldown`): ``None``
+    or ``0`` for none. No tensors, so shapes do not apply."""
+    if cooldown is None:
+        return 0.0
+    if isinstance(cooldown, bool) or not isinstance(cooldown, numbers.Real) or not 0.0 <= float(cooldown) <= 1.0:
+        raise ValueError(f"cooldown must be a fraction in [0, 1] of the steps (the last ones decay), 'auto' or None, "
+                         f"got {cooldown!r}")
+    return float(cooldown)
 
 
 def _hidden_start(hidden_start, num_steps: int) -> int:
@@ -156,12 +176,26 @@ def _hidden_start(hidden_start, num_steps: int) -> int:
     return int(hidden_start)
 
 
+class _Controlled:
+    """A schedule times the step control's multiplier (floats; no tensors, so shapes do not apply)."""
+
+    def __init__(self, base, control):
+        self.base, self.control = base, control
+        self.target, self.steps = getattr(base, "target", None), getattr(base, "steps", 0)
+
+    def __call__(self, step: int) -> float:
+        return self.base(step) * self.control.scale
+
+    def __repr__(self) -> str:
+        return f"{self.base!r} x {self.control.scale:g}"
+
+
 class NatGradPlan:
     """What ``fit`` does with the natural-gradient families and the noise beyond a constant step (Salimbeni,
     Eleftheriadis, Hensman 2018's warm-up; Lin, Schmidt, Khan 2020's positive-definite step; Polyak-Ruppert averaging
     of the natural parameters of Hensman, Fusi, Lawrence 2013, section 3.2): built by
     :func:`resolve_natgrad`, then :meth:`start` once the families are known. No tensors of its own (the average's are
-    in :class:`~pyro_sparsegp.infer.averaging.IterateAverage`), so shapes do not apply."""
+    in :class:`~pyro_sparsegp.infer.natgrad.averaging.IterateAverage`), so shapes do not apply."""
 
     def __init__(self, module, warmup, retraction, layers, average, num_steps, conjugate, running_start=False,
                  hidden_start=0):
@@ -173,6 +207,8 @@ class NatGradPlan:
         self.hidden_start = hidden_start if layers == "all" else 0  # the step from which hidden families join
         self.schedule, self.averager, self._hidden = None, None, set()
         self.finished = False  # fit ends with the exact finish (set by resolve_average): average only hidden()
+        self.cooldown = 0.0  # the last fraction of the steps whose lengths decay to COOLDOWN_FACTOR (Adam's too)
+        self.control = None  # a StepControl: halves every step length when the bound collapses (control.py)
 
     def families(self) -> list:
         """The families that take natural steps: ``natgrad_layers="all"`` every full-covariance ``GaussianQ``, else
@@ -183,9 +219,10 @@ class NatGradPlan:
         return natgrad_families(self.module)
 
     def start(self, families, noise_lik, natgrad_lr) -> None:
-        """Fix the schedule (a :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup` to ``natgrad_lr``), the families
-        off the likelihood's layer (for the ``"auto"`` positive-definite step) and the averager (if ``average``: of
-        ``families`` and the noise, or with the exact finish (:attr:`finished`) of the :meth:`hidden` families only).
+        """Fix the schedule (a :class:`~pyro_sparsegp.infer.natgrad.schedules.LogLinearWarmup` to ``natgrad_lr``), the
+        families off the likelihood's layer (for the ``"auto"`` positive-definite step) and the averager (if
+        ``average``: of ``families`` and the noise, or with the exact finish (:attr:`finished`) of the :meth:`hidden`
+        families only).
         ``families``: modules (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``); ``noise_lik``: a Gaussian
         likelihood with a scalar ``()`` noise, or ``None``."""
         own = {id(q) for q in natgrad_families(self.module)}
@@ -194,6 +231,10 @@ class NatGradPlan:
         if natgrad_lr:
             self.schedule = (RunningAverageStart(natgrad_lr) if exact
                              else LogLinearWarmup(natgrad_lr, self.warmup, min(1e-4, natgrad_lr)))
+            if self.cooldown:
+                self.schedule = Cooldown(self.schedule, self.cooldown_start, self.num_steps, COOLDOWN_FACTOR)
+            if self.control is not None:
+                self.schedule = _Controlled(self.schedule, self.control)
         self._hidden = {id(q) for q in families if id(q) not in own}
         if self.finished:  # the exact finish sets the module's own families and the noise: average the hidden ones
             families, noise_lik = self.hidden(families), None
@@ -234,6 +275,25 @@ class NatGradPlan:
             return list(families)
         late = {id(q) for q in self.late(families)}
         return [q for q in families if id(q) not in late]
+
+    @property
+    def cooldown_start(self) -> int:
+        """The first step of the decay (``num_steps`` without one; an ``int``, so shapes do not apply)."""
+        return self.num_steps - int(round(self.cooldown * self.num_steps))
+
+    def adam_multiplier(self, step: int) -> float:
+        """The factor of Adam's learning rate at ``step``: 1, then over the cooldown the same log-linear decay to
+        :data:`COOLDOWN_FACTOR` as the natural steps (:class:`~.schedules.Cooldown`; a float)."""
+        scale = 1.0 if self.control is None else self.control.scale
+        if not self.cooldown or step < self.cooldown_start:
+            return scale
+        span = max(self.num_steps - self.cooldown_start, 1)
+        return scale * COOLDOWN_FACTOR ** (min(step - self.cooldown_start, span) / span)
+
+    def observe(self, first_step: int, losses) -> list:
+        """Feed the losses read back (floats of steps ``first_step, ...``) to the step control; returns its halvings
+        ``[(step, scale)]`` (none without a control; no tensors, so shapes do not apply)."""
+        return [] if self.control is None else self.control.observe(first_step, losses)
 
     def lr(self, step: int) -> float:
         """The natural step length at step ``step`` (after the warm-up: ``natgrad_lr``; no tensors, so shapes do not

@@ -61,9 +61,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..linalg import cholesky
-from ..validation import check_positive_int
-from .ep_sites import (  # noqa: F401  (ep_refine, _fitc_stats: public and test access through this module)
+from ...linalg import cholesky
+from ...validation import check_positive_int
+from ..training.progress import Progress
+from .sites import (  # noqa: F401  (ep_refine, _fitc_stats: public and test access through this module)
     _aggregate,
     _check_module,
     _ep_batch,
@@ -80,7 +81,6 @@ from .ep_sites import (  # noqa: F401  (ep_refine, _fitc_stats: public and test 
     _write_q,
     ep_refine,
 )
-from .progress import Progress
 
 __all__ = ["fit_ep", "EPState", "ep_log_evidence", "ep_refine", "ep_surrogate"]
 

@@ -18,11 +18,10 @@ module's dtype. Hyperparameters trained by Adam are left as they are.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from .natgrad.from_grads import _set_constrained
+from ...reporting import family_layer, warn
+from .from_grads import _set_constrained
 
 __all__ = ["IterateAverage", "MAX_CONDITION"]
 
@@ -112,12 +111,12 @@ class IterateAverage:
             if not ok:
                 self.kept.append(q._pyro_name or type(q).__name__)
                 if self.warn:
-                    warnings.warn(
+                    warn(
                         f"iterate average: the averaged precision of {self.kept[-1]!r} is not positive definite, or "
                         f"too ill-conditioned, in float64 (its iterates' covariances are near singular, e.g. a deep "
                         f"GP's hidden q(u) still near its 1e-5 initial scale, trained by Adam); it keeps its last "
                         f"iterate. Average fewer, later steps (a smaller average) or train longer to average it",
-                        RuntimeWarning, stacklevel=3)
+                        RuntimeWarning, layer=family_layer(q))
                 m, L = q.u_loc.detach().double(), q.u_scale_tril.detach().double()
             out.append((m, L))
         return out + mean[2 * len(self.families):]

@@ -54,15 +54,15 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from ..linalg import cholesky
-from ..mean_functions import Zero
-from .ep_sites import _aggregate, _check_module, _fitc_stats, _gauss, _log_norm, _proj, _write_q
-from .progress import Progress
+from ...linalg import cholesky
+from ...mean_functions import Zero
+from ...reporting import warn
+from ..training.progress import Progress
+from .sites import _aggregate, _check_module, _fitc_stats, _gauss, _log_norm, _proj, _write_q
 
 __all__ = ["fit_gfitc", "GFITCState", "GFITCConvergenceWarning", "gfitc_log_evidence", "gfitc_marginals",
            "gfitc_refine", "gfitc_surrogate"]
@@ -289,8 +289,8 @@ def _ep_at(module, X, y, own, state, ep, with_grad):
     state.converged.append(conv)
     state.skipped += skipped
     if not conv:
-        warnings.warn(f"GFITC: EP did not converge in {max_iters} sweeps (tol {tol}); the hyper-parameter gradient "
-                      "is approximate there. Raise max_ep_iters or tol", GFITCConvergenceWarning, stacklevel=2)
+        warn(f"GFITC: EP did not converge in {max_iters} sweeps (tol {tol}); the hyper-parameter gradient "
+             "is approximate there. Raise max_ep_iters or tol", GFITCConvergenceWarning)
     if callback is not None:
         callback(state.evaluations - 1, state)
     return W, d, logz

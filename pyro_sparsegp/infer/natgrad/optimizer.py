@@ -30,11 +30,14 @@ import numbers
 import torch
 from pyro.optim import PyroOptim
 
-from ..likelihoods import live_gaussian_likelihoods
-from ..variational import live_gaussian_families
+from ...checking import FirstStepCheck
+from ...likelihoods import live_gaussian_likelihoods
+from ...reporting import family_layer, in_layer
+from ...variational import live_gaussian_families
 from .averaging import IterateAverage
-from .natgrad import natgrad_from_grads_, noise_step_from_grads_
-from .schedules import as_schedule
+from .from_grads import natgrad_from_grads_, noise_step_from_grads_
+from .policy import COOLDOWN_FACTOR
+from .schedules import Cooldown, as_schedule
 
 __all__ = ["NaturalGradient"]
 
@@ -102,7 +105,7 @@ class NaturalGradient(PyroOptim):
 
     :param optim: a :class:`pyro.optim.PyroOptim` (e.g. ``pyro.optim.Adam({"lr": 0.01})``) for the other parameters.
     :param natgrad_lr: step length :math:`\rho` in ``(0, 1]``, or a schedule ``step -> float`` (e.g.
-        :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup`; ``step`` counts this optimiser's calls from 0).
+        :class:`~pyro_sparsegp.infer.natgrad.schedules.LogLinearWarmup`; ``step`` counts this optimiser's calls from 0).
     :param families: the ``GaussianQ`` modules to step (e.g. ``ps.infer.natgrad_families(dgp)``: a DeepGP's last
         layer only), or ``None`` (default): every full-covariance ``GaussianQ`` alive whose parameters SVI passes.
         Families left out are trained by ``optim``. The attribute ``families`` may be changed between steps: setting it
@@ -113,18 +116,23 @@ class NaturalGradient(PyroOptim):
         Fisher-scoring step of length ``natgrad_lr`` that ``fit`` takes (``noise_step_from_grads_``). ``None``
         (default): the noise goes to ``optim``.
     :param int warmup: a log-linear warm-up of the step length from ``warmup_start`` to ``natgrad_lr`` over this
-        many steps (Salimbeni, Eleftheriadis, Hensman 2018; :class:`~pyro_sparsegp.infer.schedules.LogLinearWarmup`);
-        ``0`` (default): none.
+        many steps (Salimbeni, Eleftheriadis, Hensman 2018;
+        :class:`~pyro_sparsegp.infer.natgrad.schedules.LogLinearWarmup`); ``0`` (default): none.
     :param float warmup_start: the first step length of the warm-up (default ``1e-4``, the paper's).
     :param retraction: ``True`` (default): the positive-definite precision step of Lin, Schmidt, Khan (2020) (see
         :func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`): never damped, and stable with the
         Monte Carlo gradients of SVI and with non-conjugate likelihoods; ``False``: the plain step, exact at length 1
         for a Gaussian likelihood with a deterministic ELBO (diverges with a sampled one); or a function
         ``family -> bool`` choosing per family (``fit`` passes its plan's).
+    :param int num_steps: the number of steps the run will take (calls of this optimiser). Given, the last
+        ``cooldown`` of them decay log-linearly to a tenth, for the natural steps and the wrapped optimiser's learning
+        rates alike (:class:`~pyro_sparsegp.infer.natgrad.schedules.Cooldown`, what ``fit`` does for a non-conjugate
+        likelihood), so the run ends near the plateau's centre instead of on one noisy iterate.
+    :param float cooldown: the fraction of ``num_steps`` that decays (default ``0.5``; ``0``: none).
     :param int average_from: from this step on (counting calls from 0), keep the Polyak-Ruppert average of the
         stepped families' natural parameters and of the stepped noises
-        (:class:`~pyro_sparsegp.infer.averaging.IterateAverage`); call :meth:`write_average` at the end of training
-        to put it into the modules. ``None`` (default): no averaging.
+        (:class:`~pyro_sparsegp.infer.natgrad.averaging.IterateAverage`); call :meth:`write_average` at the end of
+        training to put it into the modules. ``None`` (default): no averaging.
 
     ``get_state``/``set_state``/``save``/``load`` are the wrapped optimiser's (the natural-gradient steps keep no
     state).
@@ -132,7 +140,7 @@ class NaturalGradient(PyroOptim):
 
     def __init__(self, optim: PyroOptim, natgrad_lr=0.1, families=None, num_obs: int | None = None, *,
                  warmup: int = 0, warmup_start: float = 1e-4, retraction: bool = True,
-                 average_from: int | None = None):
+                 average_from: int | None = None, num_steps: int | None = None, cooldown: float = 0.5):
         # no PyroOptim.__init__: this object holds no torch optimiser of its own, the wrapped one does
         if not isinstance(optim, PyroOptim) or isinstance(optim, NaturalGradient):
             raise TypeError(
@@ -146,6 +154,17 @@ class NaturalGradient(PyroOptim):
                              "(or families=[] here)")
         self.optim = optim
         self.schedule = as_schedule(natgrad_lr, warmup, warmup_start)
+        self.num_steps, self._base_lr = num_steps, {}
+        if num_steps is not None:
+            if isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral) or num_steps < 1:
+                raise ValueError(f"num_steps must be a positive integer (the run's steps) or None, got {num_steps!r}")
+            start = int(num_steps) - int(round(float(cooldown) * num_steps)) if 0 <= cooldown <= 1 else None
+            if start is None:
+                raise ValueError(f"cooldown must be a fraction in [0, 1] of num_steps, got {cooldown!r}")
+            self.cooldown = Cooldown(self.schedule, start, int(num_steps), COOLDOWN_FACTOR)
+            self.schedule = self.cooldown
+        else:
+            self.cooldown = None
         self.natgrad_lr = getattr(self.schedule, "target", None)  # the step length after the warm-up (a float)
         self.retraction = retraction if callable(retraction) else bool(retraction)
         if average_from is not None and (isinstance(average_from, bool) or not isinstance(
@@ -158,16 +177,19 @@ class NaturalGradient(PyroOptim):
             raise ValueError(f"num_obs must be a positive integer (the number of observations) or None, got "
                              f"{num_obs!r}")
         self.num_obs = num_obs
+        self._check = FirstStepCheck()  # the first step checks the program SVI ran (pyro_sparsegp.checking)
 
     def __call__(self, params, *args, **kwargs) -> None:
         """One step: ``params`` is SVI's collection of unconstrained parameter tensors (gradients of the loss in
         ``.grad``). The natural-gradient steps, then the wrapped optimiser on the parameters left over."""
         params = list(params)
+        self._check = self._check and self._check(params)  # once: the shapes of the program SVI ran
         families = live_gaussian_families() if self.families is None else self.families
         stepped, claimed = split_families(params, families)
         lr = self.schedule(self.step_count)
-        for q in stepped:
-            natgrad_from_grads_(q, lr, self.retraction(q) if callable(self.retraction) else self.retraction)
+        for q in stepped:  # a warning of the step (damping) names the family's layer
+            with in_layer(family_layer(q)):
+                natgrad_from_grads_(q, lr, self.retraction(q) if callable(self.retraction) else self.retraction)
         noises = _noises(params) if self.num_obs is not None else []
         for lik in noises:
             noise_step_from_grads_(lik, lr, self.num_obs)
@@ -175,15 +197,25 @@ class NaturalGradient(PyroOptim):
         rest = [p for p in params if id(p) not in claimed]
         if rest:
             self.optim(rest, *args, **kwargs)
+            if self.cooldown is not None:  # the wrapped optimiser's rates for the next step follow the cooldown
+                self._cool(self.cooldown.multiplier(self.step_count + 1))
         if self.average_from is not None and self.step_count >= self.average_from:
             if self.average is None:  # the families and noises stepped at the first averaged step
                 self.average = IterateAverage(stepped, noises, start=self.average_from)
             self.average.update(self.step_count)
         self.step_count += 1
 
+    def _cool(self, factor: float) -> None:
+        """Set the learning rate of every torch optimiser inside the wrapped Pyro optimiser to ``factor`` times its
+        first value (read when first seen; floats, so shapes do not apply)."""
+        for opt in getattr(self.optim, "optim_objs", {}).values():
+            for group in opt.param_groups:
+                base = self._base_lr.setdefault(id(group), group["lr"])
+                group["lr"] = base * factor
+
     def write_average(self) -> bool:
         """Write the Polyak-Ruppert average kept since step ``average_from`` into the families and noises (in place;
-        :class:`~pyro_sparsegp.infer.averaging.IterateAverage`). Returns whether there was one (``False`` before
+        :class:`~pyro_sparsegp.infer.natgrad.averaging.IterateAverage`). Returns whether there was one (``False`` before
         step ``average_from`` or without ``average_from``). No tensors in or out, so shapes do not apply."""
         return self.average is not None and self.average.write_()
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["LogLinearWarmup", "RunningAverageStart", "constant_schedule", "as_schedule"]
+__all__ = ["LogLinearWarmup", "RunningAverageStart", "Cooldown", "constant_schedule", "as_schedule"]
 
 
 class LogLinearWarmup:
@@ -66,7 +66,7 @@ class RunningAverageStart:
     """
 
     def __init__(self, target: float):
-        from .natgrad import check_natgrad_lr
+        from .damping import check_natgrad_lr
 
         self.target, self.steps = check_natgrad_lr(target), 0  # ``steps``: no ramp from a small length (for reprs)
 
@@ -76,6 +76,48 @@ class RunningAverageStart:
 
     def __repr__(self) -> str:
         return f"RunningAverageStart(target={self.target:g})"
+
+
+class Cooldown:
+    r"""A schedule ``base`` whose last steps decay log-linearly: :math:`\rho_k = \rho^{base}_k\,
+    c^{(k - k_0)/(K - k_0)}` for :math:`k_0 \le k < K`, :math:`\rho^{base}_k` before (:math:`c` the ``factor``,
+    :math:`k_0` the ``start``, :math:`K` the ``end``). A step length that is held and then decays is the
+    "warmup-stable-decay" shape (Hägele et al. 2024, "Scaling laws and compute-optimal training beyond fixed training
+    durations"); for stochastic natural-gradient VI it is the Robbins-Monro decrease of Hoffman, Blei, Wang, Paisley
+    (2013) confined to the end of a run of known length: the fluctuation about the plateau, whose size grows with
+    the step length, shrinks by ``factor`` over the decay while the first steps keep their speed.
+
+    :param base: a schedule ``step -> float`` (or a number: constant).
+    :param int start: :math:`k_0`, the first step of the decay.
+    :param int end: :math:`K`, the number of steps of the run (the decay reaches ``factor`` there).
+    :param float factor: :math:`c` in ``(0, 1]``, the fraction of the base length left at the end.
+
+    Calling it with a step number (an ``int``) returns a Python float (no tensors, so shapes do not apply).
+    """
+
+    def __init__(self, base, start: int, end: int, factor: float = 0.1):
+        if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not 0.0 < float(factor) <= 1.0:
+            raise ValueError(f"Cooldown: factor must be a number in (0, 1], got {factor!r}")
+        for name, v in (("start", start), ("end", end)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+                raise ValueError(f"Cooldown: {name} must be an integer >= 0, got {v!r}")
+        self.base = base if callable(base) else constant_schedule(base)
+        self.start, self.end, self.factor = int(start), max(int(end), int(start) + 1), float(factor)
+        self.target = getattr(self.base, "target", None)  # the held length (for reprs and the log line)
+        self.steps = getattr(self.base, "steps", 0)
+
+    def multiplier(self, step: int) -> float:
+        """The decay factor at ``step``: 1 before ``start``, ``factor`` from ``end`` on (a float)."""
+        if step < self.start:
+            return 1.0
+        return self.factor ** (min(step - self.start, self.end - self.start) / (self.end - self.start))
+
+    def __call__(self, step: int) -> float:
+        """The step length of step ``step`` (an ``int >= 0``; returns a float)."""
+        return self.base(step) * self.multiplier(step)
+
+    def __repr__(self) -> str:
+        return f"Cooldown({self.base!r}, start={self.start}, end={self.end}, factor={self.factor:g})"
 
 
 def constant_schedule(lr: float):
@@ -90,7 +132,7 @@ def as_schedule(lr, warmup: int = 0, start: float = 1e-4):
     al. 2018's warm-up; module docstring)."""
     if callable(lr):
         return lr
-    from .natgrad import check_natgrad_lr
+    from .damping import check_natgrad_lr
 
     lr = check_natgrad_lr(lr)
     return LogLinearWarmup(lr, steps=warmup, start=min(float(start), lr))

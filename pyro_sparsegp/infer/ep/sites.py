@@ -11,9 +11,9 @@ import math
 
 import torch
 
-from .. import covariances as cov
-from ..likelihoods import RobustMax
-from ..linalg import KUU_INVERSE_ADVICE, cholesky, project_chol
+from ... import covariances as cov
+from ...likelihoods import RobustMax
+from ...linalg import KUU_INVERSE_ADVICE, cholesky, project_chol
 
 __all__ = ["ep_refine"]
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from ..inputs import as_tensor
+from ...inputs import as_tensor
 
 __all__ = ["EpochBatchSampler", "permute_positions", "BatchSource"]
 
@@ -130,7 +130,7 @@ class BatchSource:
     def one_pass(self):
         """Every row of this rank's share of the data once, in order, as batches ``(X [B, D], y [B, ...])``: rows in
         blocks of ``batch_size``, block ``rank`` of every ``world_size``; a loader's next epoch (a shard per rank).
-        For :func:`~pyro_sparsegp.infer.exact_finish.exact_finish_`; the run's own order is left as it is."""
+        For :func:`~pyro_sparsegp.infer.training.exact_finish.exact_finish_`; the run's own order is left as it is."""
         if self.loader is not None:
             for Xb, yb in self.loader:
                 yield self._placed(Xb, yb)

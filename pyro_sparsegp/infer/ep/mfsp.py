@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import covariances as cov
-from ..likelihoods import Bernoulli
-from ..linalg import KUU_INVERSE_ADVICE, cholesky, project_chol
+from ... import covariances as cov
+from ...likelihoods import Bernoulli
+from ...linalg import KUU_INVERSE_ADVICE, cholesky, project_chol
 
 __all__ = ["fit_mfsp", "mfsp_bound", "MFSpState"]
 

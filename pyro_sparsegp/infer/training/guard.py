@@ -18,11 +18,13 @@ import contextlib
 import copy
 import math
 import re
+import sys
 
 import torch
 
-from ..deferred import DeferredChecks, deferred_checks
-from ..linalg import CholeskyJitterWarning, _warn_once
+from ...deferred import DeferredChecks, deferred_checks
+from ...linalg import CholeskyJitterWarning, _warn_once
+from ..natgrad.control import SPIKE_RUN
 from .distributed import max_over_ranks_
 
 __all__ = ["NonFiniteLossError", "StepGuard", "deferred_checks_for"]
@@ -202,6 +204,12 @@ class StepGuard:
         self.state.losses.extend(row[0] for row in vals)
         if self.report is not None:
             self.report([row[0] for row in vals])
+        if self.plan is not None:  # the step control (natgrad/control.py) sees every loss read back
+            first = len(self.state.losses) - len(vals)
+            for step, scale in self.plan.observe(first, [row[0] for row in vals]):
+                if self.report is not None:
+                    print(f"\nfit: step {step}: the bound collapsed on {SPIKE_RUN} batches in a row; every step "
+                          f"length is now {scale:g} of its schedule's", file=sys.stderr, flush=True)
         return None
 
     def _fail(self, step_bad, value, good, exc=None, reason=""):
