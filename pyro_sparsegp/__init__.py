@@ -26,7 +26,22 @@ from .deep import DeepGP
 from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, InducingSum
 from .kernels import TICK, ConvKernel, SumKernel
 from .layers import ODVGP, SOLVEGP, SVGP
-from .likelihoods import Bernoulli, Gaussian, Likelihood, PolyaGammaLogit, RobustMax, Softmax
+from .likelihoods import (
+    Bernoulli,
+    Beta,
+    Gamma,
+    Gaussian,
+    HeteroscedasticGaussian,
+    Likelihood,
+    NegativeBinomial,
+    Poisson,
+    PolyaGammaLogit,
+    RobustMax,
+    Softmax,
+    StudentT,
+    ZeroInflatedNegativeBinomial,
+    ZeroInflatedPoisson,
+)
 from .linalg import CholeskyJitterWarning
 
 __version__ = "0.1.0"
@@ -50,6 +65,14 @@ __all__ = [
     "PolyaGammaLogit",
     "RobustMax",
     "Softmax",
+    "Poisson",
+    "NegativeBinomial",
+    "ZeroInflatedPoisson",
+    "ZeroInflatedNegativeBinomial",
+    "StudentT",
+    "Gamma",
+    "Beta",
+    "HeteroscedasticGaussian",
     "CholeskyJitterWarning",
     "check_model",
     "ModelShapeError",

@@ -27,15 +27,17 @@ class UntrainableWarning(UserWarning):
 
 
 def _outputs_for(likelihood, num_outputs):
-    """``num_outputs`` for a layer with ``likelihood``: a likelihood of ``K > 1`` latent functions (multi-class) needs
-    ``K`` outputs and infers it; a mismatch raises, naming ``K``."""
+    """``num_outputs`` for a layer with ``likelihood``: a likelihood of ``K > 1`` latent functions (multi-class,
+    heteroscedastic, ``from_distribution(..., latent_dim=K)``) needs ``K`` outputs and infers it; a mismatch raises,
+    naming ``K``."""
     K = getattr(likelihood, "latent_dim", 1)
     if K == 1:
         return num_outputs
     if num_outputs is None:
         return K
     if num_outputs != K:
-        raise ValueError(f"{type(likelihood).__name__} has K = {K} classes (latent functions), so the layer needs "
+        what = "classes (latent functions)" if hasattr(likelihood, "num_classes") else "latent functions per point"
+        raise ValueError(f"{type(likelihood).__name__} has K = {K} {what}, so the layer needs "
                          f"num_outputs = {K} (or None, which infers it); got num_outputs = {num_outputs}")
     return num_outputs
 

@@ -33,7 +33,8 @@ import torch
 from torch.distributions import constraints
 
 from ..linalg import gauss_hermite
-from .base import Likelihood, _check_finite
+from .base import _check_finite
+from .multilatent import _MultiLatent
 
 __all__ = ["RobustMax", "Softmax"]
 
@@ -43,21 +44,16 @@ _VAR_FLOOR = 1e-20
 _Z_MAX = 1e4
 
 
-class _MultiClass(Likelihood):
-    """Shared parts of the ``K``-class likelihoods: label checks, shapes, the site-shaped labels."""
+class _MultiClass(_MultiLatent):
+    """Shared parts of the ``K``-class likelihoods: label checks; shapes and site-shaped labels from
+    :class:`~.multilatent._MultiLatent` (``f [..., K, B]``, the site ``[..., 1, B]``)."""
 
     def __init__(self, num_classes: int, num_gh: int = 20):
-        super().__init__(num_gh)
         if int(num_classes) != num_classes or num_classes < 2:
             raise ValueError(f"num_classes must be an integer of at least 2, got {num_classes}")
+        super().__init__(int(num_classes), num_gh)
         self.num_classes = int(num_classes)
-        self.latent_dim = self.num_classes
         self.support = constraints.integer_interval(0, self.num_classes - 1)
-
-    def y_shape(self, f_shape):
-        """``[..., 1, B]`` for ``f`` ``[..., K, B]`` (the classes' dimension kept as a singleton, see the module)."""
-        f_shape = torch.Size(f_shape)
-        return f_shape[:-2] + (1,) + f_shape[-1:]
 
     def check_y(self, y):
         """Raise ``ValueError`` unless every label is an integer in ``0..K-1`` (NaN and inf included)."""
@@ -71,17 +67,9 @@ class _MultiClass(Likelihood):
                 f"({self.num_classes}); got e.g. {y[bad].flatten()[0].item()!r}"
             )
 
-    def _check_f(self, f):
-        if f.dim() < 2 or f.shape[-2] != self.num_classes:
-            raise ValueError(
-                f"latent values must be [..., K={self.num_classes}, B] (classes at dim -2), got {tuple(f.shape)}"
-            )
-
     def _site_labels(self, y, f_loc):
         """Long labels broadcastable to the site shape ``[..., 1, B]`` (``[..., B]`` gets its singleton)."""
-        y = torch.as_tensor(y, device=f_loc.device)
-        if y.dim() >= 2 and y.shape == f_loc.shape[:-2] + f_loc.shape[-1:]:
-            y = y.unsqueeze(-2)
+        y = self._site_shaped(y, f_loc)
         return y.long() if y.is_floating_point() else y.to(torch.long)
 
     def quadrature_expected_log_prob(self, y, f_loc, f_var):

@@ -88,6 +88,7 @@ Zimg = X[:4].clone()
     },
     "docs/equations.md": {},
     "docs/fitting.md": {},
+    "docs/likelihoods.md": {},
     "docs/extending.md": {},
     "docs/tutorials.md": {},
     "docs/index.md": {},

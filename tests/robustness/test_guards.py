@@ -20,6 +20,12 @@ TESTED = {
     "Gaussian": "likelihoods/test_likelihoods.py", "Bernoulli": "likelihoods/test_likelihoods.py",
     "PolyaGammaLogit": "likelihoods/test_polya_gamma_bound.py",
     "RobustMax": "likelihoods/test_multiclass.py", "Softmax": "likelihoods/test_multiclass.py",
+    "Poisson": "likelihoods/test_count_likelihoods.py", "NegativeBinomial": "likelihoods/test_count_likelihoods.py",
+    "ZeroInflatedPoisson": "likelihoods/test_count_likelihoods.py",
+    "ZeroInflatedNegativeBinomial": "likelihoods/test_count_likelihoods.py",
+    "StudentT": "likelihoods/test_continuous_likelihoods.py", "Gamma": "likelihoods/test_continuous_likelihoods.py",
+    "Beta": "likelihoods/test_continuous_likelihoods.py",
+    "HeteroscedasticGaussian": "likelihoods/test_heteroscedastic.py",
 }
 
 
