@@ -20,9 +20,10 @@ import math
 import numpy as np
 import torch
 
+from . import deferred
 from .linalg import _warn_once
 
-__all__ = ["as_tensor", "as_targets", "digits_kept", "InputPrecisionWarning"]
+__all__ = ["as_tensor", "as_targets", "digits_kept", "InputPrecisionWarning", "fill_missing", "check_missing"]
 
 
 class InputPrecisionWarning(UserWarning):
@@ -128,3 +129,35 @@ def as_targets(y: torch.Tensor, N: int, num_outputs: int | None, per_output: boo
         return y
     raise ValueError(f"y must be [N, L] = [{N}, {want_cols}] (N rows of X, L = num_outputs = {want_cols} outputs), "
                      f"got shape {tuple(y.shape)}")
+
+
+def fill_missing(y: torch.Tensor):
+    """Missing outputs: ``y`` ``[..., L, B]`` (or ``[..., N, L]``, any layout) with ``NaN`` where an output is not
+    observed, as ``(filled, mask)``: ``mask`` is ``True`` where ``y`` is observed, and ``filled`` holds an observed
+    value of ``y`` (the lower median of the observed entries, hence in the likelihood's support) in place of each
+    ``NaN``, so that a masked term and its gradient stay finite. ``(y, None)`` when nothing is missing (integer
+    labels never are); inside :func:`~pyro_sparsegp.deferred.deferred_checks` (``fit`` on a GPU) the mask is always
+    formed, so that nothing is read back. Same shapes as ``y``. Input handling: the masked terms drop out of the
+    bound, implementing no equation of their own."""
+    if not y.is_floating_point():
+        return y, None
+    missing = torch.isnan(y)
+    if deferred.active() is None and not bool(missing.any()):
+        return y, None
+    return torch.where(missing, y.nanmedian(), y), ~missing
+
+
+def check_missing(y: torch.Tensor) -> torch.Tensor:
+    """``y`` ``[..., N, L]`` of ``L`` outputs, with ``NaN`` marking an output that is not observed: raise
+    ``ValueError`` naming the first row with no observed output (nothing of it enters the bound), else return ``y``
+    filled as :func:`fill_missing` fills it (for the likelihood's support check). Input checking: implements no
+    paper equation."""
+    if not y.is_floating_point():
+        return y
+    empty = torch.isnan(y).all(-1)  # [..., N]
+    if bool(empty.any()):
+        row = int(empty.reshape(-1, empty.shape[-1]).any(0).nonzero()[0])
+        raise ValueError(f"y row {row} has no observed output (all {y.shape[-1]} of its outputs are NaN): NaN marks a "
+                         "missing output, and a row must observe at least one; drop the rows with nothing observed "
+                         "(e.g. keep = ~y.isnan().all(-1); X, y = X[keep], y[keep])")
+    return fill_missing(y)[0]

@@ -211,9 +211,13 @@ def check_data(module, X, y, subsample_size=None, num_data=None, purpose="model"
     return X, y
 
 
-def check_predict(module, full: bool, batch_size) -> int:
+def check_predict(module, full: bool, batch_size, full_output_cov: bool = False) -> int:
     """``predict``'s options; returns the number of rows per chunk (default: ``[L, M, rows]`` within 2^24
     elements)."""
+    if full_output_cov and module.num_outputs is None:
+        raise ValueError("predict(X, full_output_cov=True) gives the [N, L, L] covariance of L outputs, and this "
+                         "module has a single output; call predict(X) for its variance, or build it with "
+                         "num_outputs=L")
     if full and getattr(module, "likelihood", None) is None:
         raise ValueError(
             "predict(X, full=True) needs a likelihood for the predictive distribution of y*, and this module has "
@@ -222,5 +226,5 @@ def check_predict(module, full: bool, batch_size) -> int:
     check_positive_int(batch_size, "batch_size")
     if batch_size is None:
         M = module.inducing.num_inducing + (module.orthogonal.num_inducing if hasattr(module, "orthogonal") else 0)
-        batch_size = max(1, (1 << 24) // (M * (module.num_outputs or 1)))
+        batch_size = max(1, (1 << 24) // (M * (getattr(module, "num_latent_gps", module.num_outputs) or 1)))
     return int(batch_size)

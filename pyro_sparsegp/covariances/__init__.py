@@ -12,11 +12,13 @@ Rules (:mod:`~pyro_sparsegp.covariances.dispatch` walks the MRO of both types, m
   TICK (van der Wilk et al. 2017, eqs. 12-13; Dutordoir et al. 2020, sec. 3).
 * :mod:`~pyro_sparsegp.covariances.sums`: an inducing sum under a sum kernel: block-diagonal ``Kuu``, stacked
   ``Kuf``.
+* :mod:`~pyro_sparsegp.covariances.separate`: inducing points under a ``Separate`` kernel (one GP per latent):
+  ``Kuu`` ``[Q, M, M]``, ``Kuf`` ``[..., Q, M, B]``.
 
 A new pair: subclass :class:`Rule` and :func:`register` it; a new kernel type: :func:`register_diag` its diagonal.
 """
 
-from . import patches, points, sums  # noqa: F401  (the rules register themselves on import)
+from . import patches, points, separate, sums  # noqa: F401  (the rules register themselves on import)
 from .dispatch import NoRuleError, Rule, lookup, lookup_diag, pairs, register, register_diag
 from .functions import Kdiag, Kuf, Kuu, check
 

@@ -8,6 +8,7 @@
 * :mod:`~pyro_sparsegp.kernels.conv`: the (weighted) convolutional kernel :class:`ConvKernel` (van der Wilk et al.
   2017, eqs. 6 and 10) and :class:`TICK` (Dutordoir et al. 2020, sec. 3) on flattened images ``[..., H*W*C]``.
 * :mod:`~pyro_sparsegp.kernels.sum`: :class:`SumKernel`, the kernel of a sum of independent GPs.
+* :mod:`~pyro_sparsegp.kernels.separate`: :class:`Separate`, one kernel per latent GP (or output) of a layer.
 
 The covariances of inducing variables under these kernels (``Kuu``, ``Kuf``, the diagonal of ``Kff``) are in
 :mod:`pyro_sparsegp.covariances`, registered per (inducing type, kernel type).
@@ -16,6 +17,7 @@ The covariances of inducing variables under these kernels (``Kuu``, ``Kuf``, the
 from .batched import expected_input_dim, kernel_diag, kernel_matrix, matern32, required_features
 from .conv import CHUNK_ELEMENTS, TICK, ConvKernel, output_shape, patch_locations, patches
 from .matvec import kernel_matvec
+from .separate import Separate
 from .sum import SumKernel
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "ConvKernel",
     "TICK",
     "SumKernel",
+    "Separate",
     "patches",
     "patch_locations",
     "output_shape",

@@ -290,8 +290,12 @@ def kernel_matrix(kernel, X: torch.Tensor, Z: torch.Tensor | None = None) -> tor
     :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel`.
     :param X: ``[..., N, D]``.
     :param Z: ``[..., M, D]`` or ``None`` (then ``Z = X``).
-    :returns: ``[..., N, M]``.
+    :returns: ``[..., N, M]`` (a kernel batched over parts, :class:`~pyro_sparsegp.kernels.Separate`, gives
+        ``[..., Q, N, M]`` through its ``batched_matrix``).
     """
+    batched = getattr(type(kernel), "batched_matrix", None)
+    if batched is not None:
+        return batched(kernel, X, Z)
     _check(kernel, X, Z)
     Zi = X if Z is None else Z
     square = Z is None or Z is X
@@ -326,7 +330,11 @@ def _checked(kernel, K: torch.Tensor, shape: tuple) -> torch.Tensor:
 
 
 def kernel_diag(kernel, X: torch.Tensor) -> torch.Tensor:
-    """Diagonal ``k(x_n, x_n)``: ``X`` ``[..., N, D]`` -> ``[..., N]``."""
+    """Diagonal ``k(x_n, x_n)``: ``X`` ``[..., N, D]`` -> ``[..., N]`` (``[..., Q, N]`` for a kernel batched over
+    parts, through its ``batched_diag``)."""
+    batched = getattr(type(kernel), "batched_diag", None)
+    if batched is not None:
+        return batched(kernel, X)
     _check(kernel, X, None)
     if type(kernel) in _ISOTROPIC:
         var = _diag_var(_hyper(kernel, "variance"))

@@ -9,13 +9,13 @@ import contextlib
 import torch
 
 from .. import covariances as cov
-from .. import deferred
 from .. import inducing as ind
 from ..composition import plate as data_plate
 from ..inputs import as_targets, as_tensor
 from ..likelihoods import _check_finite
 from ..reporting import warn
 from ..validation import check_data, check_module_args
+from .outputs import check_outputs, check_targets
 
 __all__ = ["as_inputs", "named_data_plate", "sample_marginal", "qf_points", "UntrainableWarning", "LayerData",
            "layer_arguments"]
@@ -42,15 +42,19 @@ def _outputs_for(likelihood, num_outputs):
     return num_outputs
 
 
-def layer_arguments(kernel, Z, likelihood, num_outputs, integrate_f, jitter, mean_function):
+def layer_arguments(kernel, Z, likelihood, num_outputs, integrate_f, jitter, mean_function, num_latents=None):
     """The checked ``(inducing, num_outputs, integrate_f)`` of a layer: ``Z`` as inducing variables (a tensor, numpy
-    array or list: inducing points ``[(L,) M, D]``), ``num_outputs`` inferred from a multi-class likelihood,
-    ``integrate_f`` defaulting to ``True`` for a likelihood that is piecewise constant in ``f`` (whose sampled ``f``
-    site carries no gradient: ``False`` warns), and one set of inducing variables per output only with ``L``
-    outputs. Raises ``ValueError`` naming the offending shapes. Argument checks: implements no paper equation."""
+    array or list: inducing points ``[(L,) M, D]``, ``[(Q,) M, D]`` with ``Q = num_latents`` latent GPs),
+    ``num_outputs`` inferred from a multi-class likelihood, ``integrate_f`` defaulting to ``True`` for a likelihood
+    that is piecewise constant in ``f`` (whose sampled ``f`` site carries no gradient: ``False`` warns), one set of
+    inducing variables per output (per latent GP) only with ``L`` outputs (``Q`` latents), and the outputs' own
+    arguments (:func:`~pyro_sparsegp.layers.outputs.check_outputs`). Raises ``ValueError`` naming the offending
+    shapes. Argument checks: implements no paper equation."""
     if not isinstance(Z, ind.InducingVariables) and not torch.is_tensor(Z):
         Z = as_tensor(Z, "Z")  # numpy, lists, pandas (pyro_sparsegp.inputs), in the default dtype
     num_outputs = _outputs_for(likelihood, num_outputs)
+    check_outputs(kernel, likelihood, num_outputs, num_latents)
+    gps = num_outputs if num_latents is None else num_latents  # the independent GPs: outputs, or latents
     if torch.is_tensor(Z):  # inducing points; other inducing variables check themselves (inducing.check)
         check_module_args(kernel, Z, likelihood, num_outputs, jitter)
     piecewise = bool(getattr(likelihood, "piecewise_constant", False))
@@ -65,9 +69,10 @@ def layer_arguments(kernel, Z, likelihood, num_outputs, integrate_f, jitter, mea
         )
     inducing = ind.as_inducing(Z)  # a tensor Z: inducing points; or inducing patches (pyro_sparsegp.inducing)
     per_output = tuple(inducing.batch_shape)
-    if per_output and (num_outputs is None or per_output != (num_outputs,)):
+    if per_output and (gps is None or per_output != (gps,)):
+        which = "num_outputs" if num_latents is None else "num_latents (one set per latent GP)"
         raise ValueError(f"inducing variables with batch shape {per_output} (one set per output) need "
-                         f"num_outputs == {per_output[0]}")
+                         f"{which} == {per_output[0]}")
     cov.check(inducing, kernel)
     out = getattr(mean_function, "out_dim", None)
     if out is not None and out != (num_outputs or 1):
@@ -96,16 +101,17 @@ def as_inputs(f: torch.Tensor, num_outputs: int | None) -> torch.Tensor:
     return h if f.dim() == 2 else h.unsqueeze(-3)
 
 
-def qf_points(layer, X: torch.Tensor):
+def qf_points(layer, X: torch.Tensor, latent: bool = False):
     """``layer.qf(X)`` for sample-batched inputs ``[..., 1, B, D]``, computed on the points flattened to
     ``[P B, D]``: the marginals are point-wise, and one ``[M, P B]`` projection is one large BLAS call instead of
     ``P`` broadcast ones (the inducing inputs, shared by the samples, are never expanded). Same values and shapes
     (``[..., L, B]`` or ``[..., 1, B]``) as ``layer.qf(X)``: the diagonal of ``q(f)``, Hensman, Matthews, Ghahramani
-    2015, eq. 19."""
+    2015, eq. 19. ``latent=True``: an LMC layer's ``layer.latent_qf(X)``, ``[..., Q, B]``."""
+    qf = layer.latent_qf if latent else layer.qf
     if X.dim() <= 2 or X.shape[-3] != 1:
-        return layer.qf(X)
+        return qf(X)
     lead, B = X.shape[:-3], X.shape[-2]
-    loc, var = layer.qf(X.reshape(-1, X.shape[-1]))  # [(L,) P B]
+    loc, var = qf(X.reshape(-1, X.shape[-1]))  # [(L,) P B]
     if layer.num_outputs is None:
         return loc.reshape(lead + (1, B)), var.reshape(lead + (1, B))
     L = loc.shape[-2]
@@ -123,13 +129,21 @@ def sample_marginal(layer, X: torch.Tensor, num_samples: int | None = None) -> t
     :param X: ``[..., B, D]`` (``[S, 1, B, D]`` for samples of the layer below).
     :param num_samples: ``S`` draws when ``X`` carries no sample dimension (``X`` ``[B, D]``), else ``None``.
     :returns: ``[..., 1, B, L]`` (``[S, 1, B, L]`` from a 2-D ``X`` with ``num_samples``).
+
+    An LMC layer draws its latents ``g`` ``[..., Q, B]`` from their marginals and returns ``W g + m(X)``: a draw
+    from the joint marginal of the ``L`` outputs at each point, ``N(W m, W diag(v) W^T)`` (Álvarez, Rosasco,
+    Lawrence 2012, section 4.2).
     """
     if layer.num_outputs is None:
         raise ValueError(f"layer {layer.name!r} is a hidden layer: give it num_outputs (its width, 1 included)")
-    loc, var = qf_points(layer, X)  # [..., L, B]
+    lmc = getattr(layer, "num_latents", None) is not None
+    loc, var = qf_points(layer, X, latent=lmc)  # [..., L, B] ([..., Q, B] for an LMC layer's latents)
     shape = loc.shape if num_samples is None else (num_samples,) + loc.shape
     eps = torch.randn(shape, dtype=loc.dtype, device=loc.device)
-    return as_inputs(loc + var.sqrt() * eps, layer.num_outputs)
+    f = loc + var.sqrt() * eps
+    if lmc:
+        f = layer.strategy.mix_sample(f) + layer._mean(X)  # [..., L, B]
+    return as_inputs(f, layer.num_outputs)
 
 
 class LayerData:
@@ -197,7 +211,8 @@ class LayerData:
         """The layer's data as tensors, checked (:mod:`pyro_sparsegp.inputs`: tensors, numpy, lists, pandas; floating
         data in the module's dtype and device): ``X`` ``[..., N, D]``; ``y`` ``[..., N]`` (one output, or a class
         label per row; ``[N, 1]`` is taken as ``[N]``) or ``[..., N, L]`` for ``L`` outputs of an element-wise
-        likelihood. Returns ``(X, y)``; errors name ``N``, ``D`` and ``L``. Every entry point calls it (``fit``
+        likelihood, where ``NaN`` marks an output that is not observed (masked out of the bound; a row needs one
+        observed output). Returns ``(X, y)``; errors name ``N``, ``D`` and ``L``. Every entry point calls it (``fit``
         once, on the whole data)."""
         X, y = check_data(self, X, y, subsample_size, num_data, purpose)
         D = self.inducing.input_dim(self.kernel)
@@ -211,8 +226,7 @@ class LayerData:
             lik = self.likelihood
             per_output = self.num_outputs is not None and lik is not None and lik.latent_dim == 1
             y = as_targets(y, X.shape[-2], self.num_outputs, per_output)
-            if self.likelihood is not None and deferred.active() is None:  # else fit checked y once (deferred.py)
-                self.likelihood.check_y(y)
+            check_targets(lik, y, per_output)  # NaN: a missing output (L outputs), else an error
         return X, y
 
     def _mean(self, X):

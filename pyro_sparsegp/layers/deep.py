@@ -44,7 +44,6 @@ import pyro
 import torch
 from pyro.nn import PyroModule
 
-from .. import deferred
 from ..composition import BoundModule, layer_method
 from ..distributions import MarginalizedLikelihood
 from ..inputs import as_targets, as_tensor
@@ -54,6 +53,7 @@ from ..saving import Saveable
 from ..variational.cache import take
 from .base import named_data_plate, qf_points, sample_marginal
 from .deep_prediction import DeepPrediction
+from .outputs import check_targets, masked, masked_sum
 from .svgp import SVGP
 
 __all__ = ["DeepGP", "sample_marginal", "check_layer", "LAYER_PROTOCOL"]
@@ -165,9 +165,9 @@ class DeepGP(DeepPrediction, Saveable, PyroModule):
         if y is not None:
             last, lik = self.last, self.likelihood
             y = as_tensor(y, "y", X.dtype, X.device, floating=False)
-            y = as_targets(y, X.shape[-2], last.num_outputs, bool(last.num_outputs) and lik.latent_dim == 1)
-            if deferred.active() is None:  # else fit checked y once (deferred.py)
-                lik.check_y(y)
+            per_output = bool(last.num_outputs) and lik.latent_dim == 1
+            y = as_targets(y, X.shape[-2], last.num_outputs, per_output)
+            check_targets(lik, y, per_output)  # NaN: a missing output (masked), else an error
         return X, y
 
     # -- the Pyro program ---------------------------------------------------------------------------------------
@@ -202,8 +202,8 @@ class DeepGP(DeepPrediction, Saveable, PyroModule):
             h, yb = self._batch(X, y, idx, subsample_size, num_data)
             for layer, u in zip(self.hidden, us[:-1], strict=True):
                 h = layer.sample_hidden(h, u)
-            yt = self._targets(yb)
-            with self._outputs_ctx():
+            yt, mask = self._targets(yb)
+            with self._outputs_ctx(), masked(mask):
                 if self.marginalize_last or last.integrate_f:
                     q = last.qf(h, consume=True) if self.marginalize_last else last.moments(h, us[-1], True)
                     return pyro.sample("y", MarginalizedLikelihood(BoundModule(lik), *q), obs=yt)
@@ -228,7 +228,7 @@ class DeepGP(DeepPrediction, Saveable, PyroModule):
               tuple(out[f"{layer.name}.{s}"] for s in layer.strategy.sites) for layer in self._stack]
         last = self.last
         with self._plate(X.shape[-2], subsample_size, num_data, X.device) as idx:
-            h, _ = self._batch(X, None, idx, subsample_size, num_data)
+            h, yb = self._batch(X, y, idx, subsample_size, num_data)
             for layer, u in zip(self.hidden, us[:-1], strict=True):
                 f = out[f"{layer.name}.f"] = layer.sample_f(h, u, guide=True)
                 h = layer.as_next_inputs(f)
@@ -236,7 +236,7 @@ class DeepGP(DeepPrediction, Saveable, PyroModule):
                 last.strategy.factors(h, consume=False)  # factors for the model's q(f) / p(f | u)
             else:
                 out[f"{last.name}.f"] = last.sample_f(h, us[-1], guide=True)
-                with self._outputs_ctx():
+                with self._outputs_ctx(), masked(self._targets(yb)[1]):  # masked where y is missing, as in the model
                     self.likelihood.guide(lambda: last.qf(h), prefix=last.name)
         return out
 
@@ -269,7 +269,8 @@ class DeepGP(DeepPrediction, Saveable, PyroModule):
         X, y = self.check_inputs(X, y)
         _, loc, var = self.propagate(X, num_samples)
         S = loc.shape[0]
-        ell = self.likelihood.expected_log_prob(self._targets(y), loc, var).sum() / S
+        yt, mask = self._targets(y)
+        ell = masked_sum(self.likelihood.expected_log_prob(yt, loc, var), mask) / S
         kl = sum(layer.kl_divergence(consume=True).sum() for layer in self._stack)
         self.clear_cache()
         return (num_data or X.shape[-2]) / X.shape[-2] * ell - kl

@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from .outputs import targets
+
 __all__ = ["DeepPrediction"]
 
 
@@ -17,9 +19,9 @@ class DeepPrediction:
     marginals). ``X`` ``[N, D]``; components ``[S, N]`` or ``[S, N, L]``."""
 
     def _targets(self, y):
-        if y is not None and self.last.num_outputs is not None and self.likelihood.latent_dim == 1:
-            return y.mT  # [L, B]
-        return y
+        """``(y, mask)`` laid out like the last layer's ``f``: ``[L, B]`` with missing outputs filled and masked
+        (:func:`~pyro_sparsegp.layers.outputs.targets`), or ``y`` and ``None``."""
+        return targets(y, self.last.num_outputs is not None and self.likelihood.latent_dim == 1)
 
     def clear_cache(self) -> None:
         """Drop every layer's cached factors. No tensors, so shapes do not apply."""
@@ -50,7 +52,8 @@ class DeepPrediction:
     def predictive_log_prob(self, X: torch.Tensor, y: torch.Tensor, num_samples: int = 100,
                             return_se: bool = False, batch_size: int | None = None):
         """Test log-likelihood per point ``[N]``: ``log 1/S sum_s p(y_n | mu_s, var_s)`` (logsumexp over the mixture's
-        ``S = num_samples`` components; a vector ``y_n`` of ``L`` outputs is scored jointly within each component).
+        ``S = num_samples`` components; a vector ``y_n`` of ``L`` outputs is scored jointly within each component,
+        as the product of its observed outputs' marginal densities: missing outputs (``NaN``) are left out).
 
         How many samples suffice: the estimate is a log of a Monte Carlo mean, so it is biased low and its error is
         about ``se_n = std_s(w_s) / (sqrt(S) mean_s(w_s))`` with ``w_s = p(y_n | mu_s, var_s)`` (the delta method).
@@ -60,9 +63,10 @@ class DeepPrediction:
         below 0.05) for the points you average, or report the median over points beside the mean."""
         X, y = self.check_inputs(X, y)
         loc, var = self._components(X, num_samples, batch_size)
-        lp = self.likelihood.predictive_log_prob(self._targets(y), loc, var)  # [S, (L,) N]
+        yt, mask = self._targets(y)
+        lp = self.likelihood.predictive_log_prob(yt, loc, var)  # [S, (L,) N]
         if lp.dim() == 3:
-            lp = lp.sum(-2)
+            lp = (lp if mask is None else torch.where(mask, lp, 0.0)).sum(-2)
         out = torch.logsumexp(lp, 0) - math.log(lp.shape[0])
         if not return_se:
             return out

@@ -42,7 +42,7 @@ from .. import inducing as ind
 from ..composition import layer_method, sampled_attributes
 from ..inputs import as_tensor
 from ..validation import check_orthogonal_inputs
-from ..variational import GaussianQ, OrthogonalStrategy
+from ..variational import GaussianQ, OrthogonalLMCStrategy, OrthogonalStrategy
 from ..variational.structured import structured_svgp_params
 from .svgp import SVGP
 
@@ -72,10 +72,11 @@ class SOLVEGP(OrthogonalInputs, SVGP):
     r"""SVGP with ``M`` inducing points ``Z`` plus ``M2`` orthogonal inducing points ``O``: an
     :class:`~pyro_sparsegp.SVGP` whose strategy is an :class:`~pyro_sparsegp.variational.OrthogonalStrategy`.
 
-    :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel`.
+    :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel`, or a list of kernels (one per output or latent GP).
     :param torch.Tensor Z: ``[M, D]`` or ``[L, M, D]``.
     :param O: ``[M2, D]`` or ``[L, M2, D]`` (same sharing as ``Z``), or inducing variables of the same kind as ``Z``
-        (e.g. :class:`~pyro_sparsegp.inducing.InducingPatches`: both sets are patches).
+        (e.g. :class:`~pyro_sparsegp.inducing.InducingPatches`: both sets are patches); ``[Q, M2, D]`` per latent GP
+        with ``num_latents=Q`` (an LMC over SOLVE-GP latents, each with its ``q(u_q) q(v⊥_q)``).
     :param bool odvgp: restrict ``q(v⊥)`` to the prior covariance (``S_v = C_vv``; only ``m_v`` is learnt):
         the orthogonally decoupled method of Salimbeni et al. (2018), a special case (section 3.3 of the paper).
 
@@ -84,23 +85,24 @@ class SOLVEGP(OrthogonalInputs, SVGP):
     """
 
     def __init__(self, kernel, Z, O, likelihood=None, num_outputs=None, whiten=True, name=None, integrate_f=None,
-                 jitter=None, odvgp=False, mean_function=None):
-        super().__init__(kernel, Z, likelihood, num_outputs, whiten, name, integrate_f, jitter, mean_function)
+                 jitter=None, odvgp=False, mean_function=None, num_latents=None, W=None):
+        super().__init__(kernel, Z, likelihood, num_outputs, whiten, name, integrate_f, jitter, mean_function,
+                         num_latents, W)
         if not isinstance(O, ind.InducingVariables):
             O = as_tensor(O, "O")  # numpy, lists, pandas (checked below as a tensor O is)
         if torch.is_tensor(O) and isinstance(self.inducing, ind.InducingPoints):
             check_orthogonal_inputs(O, self.Z)
         orthogonal = ind.as_inducing(O)  # O: a tensor (inducing points) or inducing variables like Z's
         self.inducing.check_like(orthogonal)
-        cov.check(orthogonal, kernel)
+        cov.check(orthogonal, self.kernel)
         self.orthogonal = orthogonal
         self.odvgp = odvgp
-        self.strategy = OrthogonalStrategy(self, odvgp)
+        self.strategy = (OrthogonalStrategy if num_latents is None else OrthogonalLMCStrategy)(self, odvgp)
         scale_tril = None
-        if not whiten and not odvgp and not sampled_attributes(kernel, names=False):  # start at the prior q(v⊥) = p(v⊥)
+        if not whiten and not odvgp and not sampled_attributes(self.kernel, names=False):  # start at the prior q(v⊥) = p(v⊥)
             with torch.no_grad():
                 scale_tril = self.strategy.joint_factors()[1]  # not cached: the module may still be nested
-        self.q_v = GaussianQ(orthogonal.num_inducing, self.num_outputs, scale_tril, learn_scale=not odvgp)
+        self.q_v = GaussianQ(orthogonal.num_inducing, self.num_latent_gps, scale_tril, learn_scale=not odvgp)
 
     @layer_method
     def prior_v(self, Lc=None):
@@ -163,13 +165,16 @@ class SOLVEGP(OrthogonalInputs, SVGP):
             raise ValueError("to_svgp: not available for an InducingSum (the union orders the inducing variables by "
                              "part, which breaks the block-triangular Cholesky factor the map relies on)")
         twin = copy.deepcopy(self)
+        # the copy shares one Pyro context, marked used: a kernel with parts of its own (Separate, Pyro's Sum) could
+        # not join the new layer under it (Pyro asserts an unused context), so the copy starts unused
+        twin.kernel._pyro_context.used = False
         u, v = twin.inducing, twin.orthogonal
         union = copy.deepcopy(u)
         union.Z = torch.cat([u.Z, v.Z], -2)
         if hasattr(u, "locations"):  # inducing patches with locations (TICK)
             union.locations = torch.cat([u.locations, v.locations], -2)
         gp = SVGP(twin.kernel, union, twin.likelihood, twin.num_outputs, twin.whiten, name or f"{self.name}_svgp",
-                  twin.integrate_f, twin.jitter, twin.mean_function)
+                  twin.integrate_f, twin.jitter, twin.mean_function, twin.num_latents, twin.W)
         Lc = twin.strategy.joint_factors()[1]  # chol(Cvv): ODVGP's plain scale of q(v⊥)
         m_u, L_u = twin.q_u.u_loc, twin.q_u.u_scale_tril
         m_v, L_v = twin.q_v.u_loc, twin.strategy.v_scale(Lc)

@@ -15,31 +15,31 @@ Gaussian likelihood); ``TraceMeanField_ELBO`` makes the KL analytic.
 
 from __future__ import annotations
 
-import contextlib
-
 import pyro
 import torch
 from pyro.nn import PyroModule
 
 from .. import covariances as cov
 from ..checking import record_layer
-from ..composition import BoundModule, check_plate_alignment, draw_hyperparameters, layer_method, sampled_attributes
-from ..distributions import MarginalizedLikelihood
+from ..composition import draw_hyperparameters, layer_method, sampled_attributes
 from ..likelihoods import Likelihood
 from ..linalg import KUU_ADVICE, cholesky
 from ..naming import KeepsOwnName, claim_name, unique_name
-from ..variational import GaussianQ, Strategy
+from ..variational import GaussianQ, LMCStrategy, Strategy
 from ..variational.cache import take
 from .base import LayerData, as_inputs, layer_arguments
+from .outputs import Outputs, as_kernel, masked_sum, mixing_matrix, targets
 from .prediction import Prediction
 
 __all__ = ["SVGP"]
 
 
-class SVGP(LayerData, Prediction, KeepsOwnName, PyroModule):
+class SVGP(Outputs, LayerData, Prediction, KeepsOwnName, PyroModule):
     r"""Sparse variational GP (Hensman, Fusi, Lawrence 2013; Hensman, Matthews, Ghahramani 2015).
 
-    :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel` (its hyperparameters are trained).
+    :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel` (its hyperparameters are trained), shared by the
+        outputs (latent GPs); or a list of kernels, one per output (``L``) or per latent GP (``Q``), which becomes a
+        :class:`~pyro_sparsegp.kernels.Separate` kernel.
     :param Z: initial inducing inputs ``[M, D]`` (shared) or ``[L, M, D]`` (one set per output), or any
         :class:`~pyro_sparsegp.inducing.InducingVariables` (e.g. inducing patches of a convolutional kernel); read
         back as ``gp.Z`` (the tensor) and ``gp.inducing`` (the module).
@@ -57,6 +57,12 @@ class SVGP(LayerData, Prediction, KeepsOwnName, PyroModule):
     :param mean_function: a :class:`~pyro_sparsegp.mean_functions.MeanFunction` ``m`` (default: zero): the layer
         models ``f = m(X) + g`` with ``g ~ GP(0, k)`` and ``u = g(Z)``, so ``m(X)`` ``[..., B, L]`` is added, per
         output, to the mean of ``p(f | u)`` and of ``q(f)`` (Salimbeni & Deisenroth 2017, section 3).
+    :param int num_latents: ``Q``: the ``L = num_outputs`` outputs are ``f = W g`` of ``Q`` independent latent GPs
+        ``g`` (the linear model of coregionalisation, Álvarez, Rosasco, Lawrence 2012, section 4.2; an element-wise
+        likelihood), with ``q(u)`` over the latents' inducing values (``Z`` ``[M, D]`` or ``[Q, M, D]``) and the
+        sites of :mod:`~pyro_sparsegp.layers.outputs`. ``None`` (default): independent outputs.
+    :param W: the initial mixing ``W`` ``[L, Q]``, trained as the ``PyroParam`` ``gp.W`` (default: entries drawn
+        ``N(0, 1/Q)``); only with ``num_latents``.
 
     The computation lives in ``gp.strategy`` (:class:`~pyro_sparsegp.variational.Strategy`; SOLVE-GP's
     :class:`~pyro_sparsegp.variational.OrthogonalStrategy`); the layer adds the sites, plates, mean function and
@@ -70,27 +76,31 @@ class SVGP(LayerData, Prediction, KeepsOwnName, PyroModule):
     ``predict``         ``X [..., N, D]``     ``(mean, var)`` each ``[..., N]`` or ``[..., N, L]``
     ==================  ====================  =====================================
 
-    ``y`` is ``[N]`` for one output, ``[N, L]`` for ``L`` outputs of an element-wise likelihood and ``[N]`` for a
-    likelihood of ``L`` latent functions (``likelihood.latent_dim == L``, e.g. robust-max).
+    ``y`` is ``[N]`` for one output, ``[N, L]`` for ``L`` outputs of an element-wise likelihood (``NaN`` where an
+    output is missing: masked out of the bound) and ``[N]`` for a likelihood of ``L`` latent functions
+    (``likelihood.latent_dim == L``, e.g. robust-max).
     """
 
     def __init__(self, kernel, Z: torch.Tensor, likelihood: Likelihood | None = None, num_outputs: int | None = None,
                  whiten: bool = True, name: str | None = None, integrate_f: bool | None = None,
-                 jitter: float | None = None, mean_function=None):
+                 jitter: float | None = None, mean_function=None, num_latents: int | None = None, W=None):
         name = unique_name("gp") if name is None else name
         super().__init__(name=name)  # parameters are "<name>.inducing.Z", "<name>.q_u.u_loc", ... in Pyro's store
+        kernel = as_kernel(kernel)
         inducing, num_outputs, integrate_f = layer_arguments(kernel, Z, likelihood, num_outputs, integrate_f, jitter,
-                                                             mean_function)
+                                                             mean_function, num_latents)
         claim_name(self, name)
         self.kernel, self.inducing, self.likelihood, self.mean_function = kernel, inducing, likelihood, mean_function
         self.num_outputs, self.whiten, self.name, self.integrate_f, self.jitter = (num_outputs, whiten, name,
                                                                                   integrate_f, jitter)
+        self.num_latents = num_latents
         scale_tril = None
         if not whiten and not sampled_attributes(kernel, names=False):  # start at q(u) = p(u) (unless theta is sampled)
             with torch.no_grad():
                 scale_tril = cholesky(cov.Kuu(inducing, kernel), jitter, warn_singular=KUU_ADVICE)  # the bound's advice
-        self.q_u = GaussianQ(inducing.num_inducing, num_outputs, scale_tril)
-        self.strategy = Strategy(self)
+        self.q_u = GaussianQ(inducing.num_inducing, self.num_latent_gps, scale_tril)
+        self.W = mixing_matrix(W, num_outputs, num_latents, inducing)  # None without num_latents
+        self.strategy = (Strategy if num_latents is None else LMCStrategy)(self)
 
     @property
     def Z(self) -> torch.Tensor:
@@ -119,9 +129,10 @@ class SVGP(LayerData, Prediction, KeepsOwnName, PyroModule):
     @layer_method
     def conditional(self, X: torch.Tensor, u: torch.Tensor, consume: bool = False):
         """``p(f | u)`` at inputs ``X`` ``[..., B, D]``: a Normal with batch shape ``[..., B]`` or ``[..., L, B]``
-        (the mean function added). The guide builds it and keeps it; the model, which Pyro replays with the guide's
-        ``u``, takes the same object, so the two sites cost one evaluation."""
-        return self.strategy.conditional(X, u, consume, self._mean)
+        (the mean function added); for an LMC layer the latent GPs' ``p(g | u)`` ``[..., Q, B]``. The guide builds
+        it and keeps it; the model, which Pyro replays with the guide's ``u``, takes the same object, so the two
+        sites cost one evaluation."""
+        return self.strategy.conditional(X, u, consume, self._site_mean)
 
     @layer_method
     def moments(self, X: torch.Tensor, u, consume: bool = False):
@@ -149,22 +160,21 @@ class SVGP(LayerData, Prediction, KeepsOwnName, PyroModule):
         prior (model) or ``q`` (guide). Call outside the data plate. Returns ``u`` ``[..., M]`` (single output) or
         ``[..., L, 1, M]`` (one row per output: the outputs plate is at ``dim=-2`` of the batch shape, so a singleton
         precedes the event dimension ``M``), or the tuple of the strategy's sites; with ``whiten=True`` the site is
-        the whitened ``v`` with prior ``N(0, I)``. The inducing variables of Hensman, Fusi, Lawrence 2013 (section
-        3.1, with :math:`q(u) = N(m, S)`)."""
+        the whitened ``v`` with prior ``N(0, I)``. An LMC layer's ``u`` is ``[..., Q, 1, M]``, in its latents plate.
+        The inducing variables of Hensman, Fusi, Lawrence 2013 (section 3.1, with :math:`q(u) = N(m, S)`)."""
         draw_hyperparameters(self)  # PyroSample hyperparameters are sites here, outside the data plate
         record_layer(self, guide)  # the trace under construction, for a check at an optimiser's first step
-        with self._outputs_plate(new=True):
+        with self._latents_plate(new=True):
             dists = self.strategy.site_distributions(guide)
             out = tuple(pyro.sample(f"{self.name}.{s}", d) for s, d in zip(self.strategy.sites, dists, strict=True))
         return out[0] if len(out) == 1 else out
 
     @layer_method
     def sample_f(self, X: torch.Tensor, u, guide: bool = False) -> torch.Tensor:
-        """Sample site ``<name>.f`` from ``p(f | u)`` at ``X`` ``[..., B, D]``. Call inside the data plate."""
-        with self._outputs_plate():
-            fn = self.conditional(X, u, consume=not guide)
-            check_plate_alignment(fn.loc, f"{self.name}.f", None if self.num_outputs is None else -2)
-            return pyro.sample(f"{self.name}.f", fn)
+        """Sample site ``<name>.f`` from ``p(f | u)`` at ``X`` ``[..., B, D]`` and return ``f`` ``[..., (L,) B]``.
+        Call inside the data plate. An LMC layer's site holds the latents ``g`` ``[..., Q, B]`` (in its latents
+        plate) and the return is ``f = W g + m(X)`` (Álvarez, Rosasco, Lawrence 2012, section 4.2)."""
+        return self._sample_site(X, u, guide)[1]
 
     def sample_hidden(self, X: torch.Tensor, u, guide: bool = False) -> torch.Tensor:
         """:meth:`sample_f`, laid out as the next layer's inputs: ``f [..., L, B]`` becomes ``[..., 1, B, L]``
@@ -172,18 +182,6 @@ class SVGP(LayerData, Prediction, KeepsOwnName, PyroModule):
         to the feature dimension and their plate dimension stays as a singleton, so particle and plate dimensions
         keep their places (see :func:`~pyro_sparsegp.layers.base.as_inputs`). Call inside the data plate."""
         return as_inputs(self.sample_f(X, u, guide=guide), self.num_outputs)
-
-    def _observe(self, f_or_q, y):
-        lik = self.likelihood
-        if lik is None:
-            return
-        if y is not None and self.num_outputs is not None and lik.latent_dim == 1:
-            y = y.mT  # [L, B]
-        with self._outputs_plate() if lik.latent_dim == 1 else contextlib.nullcontext():
-            if self.integrate_f:
-                pyro.sample("y", MarginalizedLikelihood(BoundModule(lik), *f_or_q), obs=y)
-            else:
-                lik(f_or_q, y, prefix=self.name)
 
     @layer_method
     def model(self, X, y=None, *, subsample_size=None, num_data=None):
@@ -216,10 +214,8 @@ class SVGP(LayerData, Prediction, KeepsOwnName, PyroModule):
             if self.integrate_f:
                 self.strategy.factors(Xb, consume=False)
             else:
-                out[f"{self.name}.f"] = self.sample_f(Xb, u, guide=True)
-            if self.likelihood is not None:
-                with self._outputs_plate() if self.likelihood.latent_dim == 1 else contextlib.nullcontext():
-                    self.likelihood.guide(lambda: self.qf(Xb), prefix=self.name)
+                out[f"{self.name}.f"] = self._sample_site(Xb, u, True)[0]
+            self._observe_guide(Xb, y if y is None or num_data is not None or subsample_size is None else y[idx])
         return out
 
     @layer_method
@@ -227,11 +223,12 @@ class SVGP(LayerData, Prediction, KeepsOwnName, PyroModule):
         """The bound in closed form on a minibatch, without sampling (Hensman 2015 eq. 21; for
         :class:`~pyro_sparsegp.PolyaGammaLogit` the augmented bound of Wenzel et al. 2019 at the optimal ``c``):
         ``num_data / B * sum_n E_q[log p(y_n | f_n)] - KL[q || p]``, an unbiased estimate of the full-data bound.
-        This is what ``fit(..., elbo="analytic")`` maximises."""
+        Missing outputs (``NaN`` in ``y``) drop out of the sum. This is what ``fit(..., elbo="analytic")``
+        maximises."""
         X, y = self.check_inputs(X, y, purpose="elbo")
         loc, var = self.qf(X)  # factorises once and keeps the factors for the KL
         kl = self.kl_divergence(consume=True)
         self.strategy.clear()
-        yt = y.mT if (self.num_outputs is not None and self.likelihood.latent_dim == 1) else y
+        yt, mask = targets(y, self._per_output())  # [L, B] and the observed entries' mask, or y [B]
         scale = (num_data or X.shape[-2]) / X.shape[-2]
-        return scale * self.likelihood.expected_log_prob(yt, loc, var).sum() - kl.sum()
+        return scale * masked_sum(self.likelihood.expected_log_prob(yt, loc, var), mask) - kl.sum()

@@ -143,7 +143,7 @@ class OrthogonalStrategy(Strategy):
         loc = cond.conditional_loc(v, D, None if self.whiten else Lc)
         return loc, cond.clamp_var(kdiag - B.pow(2).sum(-2) - D.pow(2).sum(-2)).expand_as(loc)
 
-    def moments(self, X, uv, consume):
+    def latent_moments(self, X, uv, consume):
         """Mean (no mean function) and variance of ``p(f | u, v⊥)`` at ``X`` ``[..., B, D]``, each ``[..., B]`` or
         ``[..., L, B]``: ``Kfu Kuu⁻¹ u`` plus :meth:`perp_moments` (eqs. 4-5); ``uv = (u, v)``."""
         u, v = uv
@@ -168,7 +168,7 @@ class OrthogonalStrategy(Strategy):
 
         return self.cache.once(("perp", XKey(X), id(v), v._version, self.key()), consume, compute)
 
-    def qf(self, X, consume=False):
+    def latent_qf(self, X, consume=False):
         """Marginals of q(f) at ``X`` (no mean function): eqs. 37-38 (diagonal), i.e. algorithm 1 lines 5-7.
         ``(loc, var)``, each ``[..., B]`` (``[..., L, B]`` for ``L`` outputs)."""
         Luu, Lc, B, D, kdiag = self.factors(X, consume)

@@ -76,8 +76,25 @@ class Strategy:
 
     @property
     def num_outputs(self):
-        """``L``, the layer's outputs: ``f`` ``[..., L, B]``; ``None`` for a single output (``f`` ``[..., B]``)."""
-        return self.layer.num_outputs
+        """The independent GPs it computes: the layer's ``L`` outputs (``f`` ``[..., L, B]``), or its ``Q`` latent GPs
+        (``g`` ``[..., Q, B]``) when a linear mixing (:mod:`~pyro_sparsegp.variational.lmc`) makes the outputs of
+        them; ``None`` for a single output (``f`` ``[..., B]``)."""
+        return self.layer.num_latent_gps
+
+    # -- the outputs from the GPs it computes: the identity here, f = W g under a linear mixing ------------------------
+    def mix(self, loc: torch.Tensor, var: torch.Tensor):
+        """Marginals of the outputs from those of the GPs, each ``[..., L, B]`` (or ``[..., B]``): independent outputs
+        are the GPs themselves (Hensman, Matthews, Ghahramani 2015, eq. 19 per output)."""
+        return loc, var
+
+    def mix_sample(self, g: torch.Tensor) -> torch.Tensor:
+        """The outputs' values from a sample ``g`` of the GPs, ``[..., L, B]``: ``g`` itself here."""
+        return g
+
+    def mix_cov(self, var: torch.Tensor) -> torch.Tensor:
+        """The outputs' covariance at each point, ``[..., B, L, L]``, from the GPs' marginal variances ``var``
+        ``[..., L, B]``: diagonal for independent outputs (Hensman, Matthews, Ghahramani 2015, eq. 19 per output)."""
+        return torch.diag_embed(var.movedim(-2, -1))
 
     def key(self) -> tuple:
         """The parameter part of a cache key (storage, versions, sampled hyperparameters: ``values_key``). A
@@ -173,19 +190,25 @@ class Strategy:
     # -- p(f | u) and q(f) ------------------------------------------------------------------------------------------
     def moments(self, X: torch.Tensor, u, consume: bool):
         """Mean and variance of ``p(f | u)`` at ``X`` without the mean function, each ``[..., B]`` or
-        ``[..., L, B]`` (Hensman, Fusi, Lawrence 2013, eq. 2)."""
+        ``[..., L, B]`` (Hensman, Fusi, Lawrence 2013, eq. 2): :meth:`latent_moments` through :meth:`mix`."""
+        return self.mix(*self.latent_moments(X, u, consume))
+
+    def latent_moments(self, X: torch.Tensor, u, consume: bool):
+        """Mean and variance of the conditional of the GPs it computes given ``u`` at ``X``, each ``[..., B]`` or
+        ``[..., L|Q, B]`` (Hensman, Fusi, Lawrence 2013, eq. 2)."""
         Luu, W, kdiag = self.factors(X, consume)
         loc = cond.conditional_loc(u, W, None if self.whiten else Luu)
         return loc, cond.conditional_var(kdiag, W).expand_as(loc)
 
     def conditional(self, X: torch.Tensor, u, consume: bool, mean) -> ConditionalNormal:
         """``p(f | u)`` at ``X`` as a Normal of batch shape ``[..., B]`` or ``[..., L, B]``, ``mean(X)`` (the
-        layer's mean function, laid out like ``f``) added. The guide builds it and keeps it; the model, which Pyro
-        replays with the guide's ``u``, takes the same object: the two sites cost one evaluation."""
+        layer's mean function, laid out like ``f``) added; under a linear mixing, the latent GPs' ``p(g | u)``
+        ``[..., Q, B]`` (the site's distribution, before the mixing). The guide builds it and keeps it; the model,
+        which Pyro replays with the guide's ``u``, takes the same object: the two sites cost one evaluation."""
         us = u if isinstance(u, tuple) else (u,)
 
         def compute():
-            loc, var = self.moments(X, u, consume)
+            loc, var = self.latent_moments(X, u, consume)
             return ConditionalNormal(loc + mean(X), var.sqrt())
 
         key = ("cond", XKey(X), tuple((id(t), t._version) for t in us), self.key())
@@ -193,7 +216,12 @@ class Strategy:
 
     def qf(self, X: torch.Tensor, consume: bool = False):
         """Marginals of ``q(f)`` at ``X`` without the mean function (Hensman 2015 eq. 19, diagonal): ``(loc,
-        var)``, each ``[..., B]`` or ``[..., L, B]``."""
+        var)``, each ``[..., B]`` or ``[..., L, B]``: :meth:`latent_qf` through :meth:`mix`."""
+        return self.mix(*self.latent_qf(X, consume))
+
+    def latent_qf(self, X: torch.Tensor, consume: bool = False):
+        """Marginals of the ``q`` of the GPs it computes at ``X`` (Hensman 2015 eq. 19, diagonal): ``(loc, var)``,
+        each ``[..., B]`` or ``[..., L|Q, B]``."""
         st = self.factors(X, consume)
         q = self.layer.q_u
         m, C = cond.whitened_q(q.u_loc, q.u_scale_tril, None if self.whiten else st.Luu)
