@@ -99,7 +99,7 @@ class SOLVEGP(OrthogonalInputs, SVGP):
         self.odvgp = odvgp
         self.strategy = (OrthogonalStrategy if num_latents is None else OrthogonalLMCStrategy)(self, odvgp)
         scale_tril = None
-        if not whiten and not odvgp and not sampled_attributes(self.kernel, names=False):  # start at the prior q(v⊥) = p(v⊥)
+        if not whiten and not odvgp and not sampled_attributes(self.kernel, names=False):  # start at q(v⊥) = p(v⊥)
             with torch.no_grad():
                 scale_tril = self.strategy.joint_factors()[1]  # not cached: the module may still be nested
         self.q_v = GaussianQ(orthogonal.num_inducing, self.num_latent_gps, scale_tril, learn_scale=not odvgp)
