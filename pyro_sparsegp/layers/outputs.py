@@ -123,7 +123,7 @@ def check_targets(likelihood, y: torch.Tensor, per_output: bool) -> None:
     if per_output:
         y = check_missing(y)
     elif y.is_floating_point() and bool(torch.isnan(y).any()):
-        raise ValueError("y contains NaN: NaN marks a missing output only among the L outputs of a layer with "
+        raise ValueError("y contains NaN or inf: a NaN marks a missing output only among the L outputs of a layer with "
                          "num_outputs=L and an element-wise likelihood (y [N, L]); with one output (or class labels) "
                          "nothing can be masked, so drop the rows whose y is NaN (keep = ~y.isnan(); X[keep], y[keep])")
     likelihood.check_y(y)
