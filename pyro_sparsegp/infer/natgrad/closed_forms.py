@@ -22,6 +22,10 @@ def _check_step_data(svgp, X, y):
     X, y = svgp.check_inputs(X, y)
     if svgp.likelihood is None:
         raise ValueError("natural-gradient steps need a module with a likelihood")
+    if getattr(svgp, "num_latents", None) is not None or (y.is_floating_point() and bool(torch.isnan(y).any())):
+        raise ValueError("these closed-form steps take independent, fully observed outputs; for an LMC layer "
+                         "(num_latents) or missing outputs (NaN in y) use fit or NaturalGradient (steps from the "
+                         "gradients of the bound)")
 
 
 def _prior_natural(svgp, Luu):

@@ -20,7 +20,8 @@ and then alternates the two exact coordinate steps of the bound
 (the first is Titsias 2009's optimal q(u); the second the noise's optimum given q(f), the fixed point of
 :func:`~pyro_sparsegp.infer.natgrad.noise_step_from_grads_`). Each raises the full-data bound, so they converge to the
 noise that maximises the collapsed bound of Titsias (2009) at the current hyperparameters, with q(u) its optimum: the
-centre of the plateau, not a sample from it.
+centre of the plateau, not a sample from it. Missing outputs (``NaN`` in ``y`` ``[N, L]``) count nowhere: each
+output's sums run over its observed rows, and the noise's :math:`n` counts the observed entries.
 
 A :class:`~pyro_sparsegp.DeepGP` (Salimbeni and Deisenroth 2017) with a Gaussian likelihood is conjugate in its
 last layer's q(u) given the hidden layers: its bound (their eq. 8) is the last layer's bound averaged over the
@@ -56,6 +57,10 @@ from ..natgrad.from_grads import _set_constrained
 from .distributed import rank_and_world_size
 
 __all__ = ["exact_finish_", "supports_exact_finish", "why_not_exact_finish", "resolve_finish", "finish_run"]
+
+#: Why an LMC layer (``num_latents``) has no exact finish: the optimum of its bound couples the latents' q(u_q).
+LMC_REASON = ("its outputs mix latent GPs (num_latents): the optimal q(u) couples the latents, which q(u) keeps "
+              "independent, so it has no closed form")
 
 
 def _families(module) -> list:
@@ -94,6 +99,8 @@ def why_not_exact_finish(module) -> str | None:
                 "optimum here)")
     if not isinstance(module.likelihood, Gaussian):
         return f"its likelihood is {type(module.likelihood).__name__}, not Gaussian (only then is q(u)'s optimum exact)"
+    if getattr(module, "num_latents", None) is not None:
+        return LMC_REASON
     if getattr(module, "mean_function", None) is not None:
         return "it has a mean function"
     if not all(getattr(q, "learn_scale", False) for q in fams):
@@ -140,19 +147,21 @@ def _statistics(layer, batches):
     the ``(X [B, D], y [B] or [B, L])`` of ``batches`` for the stacked features of all families (``K = sum_i M_i``),
     the number of rows ``n`` and the last batch's prior factors."""
     G = b = s = t = chols = None
-    n = 0
+    n = obs = 0
     for X, y in batches:
         X, y = layer.check_inputs(X, y)
         A, chols, resid = _features(layer, X)
         Phi = torch.cat(A, dim=-2)  # [(L,) K, B]
         yt = _targets(layer, y).to(Phi.dtype)  # [(L,) B]
+        seen = ~torch.isnan(yt)  # missing outputs (NaN) count nowhere: each output sums its observed rows
+        yt, Phi, resid = yt.nan_to_num(0.0), Phi * seen.unsqueeze(-2), resid * seen
         parts = (Phi @ Phi.mT, (Phi @ yt.unsqueeze(-1)).squeeze(-1), yt.pow(2).sum(-1), resid.clamp(min=0).sum(-1))
         parts = [p.double() for p in parts]
         G, b, s, t = parts if G is None else [old + new for old, new in zip((G, b, s, t), parts, strict=True)]
-        n += X.shape[-2]
+        n, obs = n + X.shape[-2], obs + int(seen.sum())
     if G is None:
         raise ValueError("exact_finish_ got no batches")
-    return G, b, s, t, n, chols
+    return G, b, s, t, (n, obs), chols
 
 
 def _hidden_samples(deep, batches, S: int):
@@ -255,12 +264,13 @@ def exact_finish_(svgp, batches, num_data: int | None = None, max_iter: int = 50
     if isinstance(svgp, DeepGP):  # the last layer on S samples of its inputs per point, each weighted 1 / S
         per_point = num_samples or svgp.num_samples
         svgp, batches = svgp.last, _hidden_samples(svgp, batches, per_point)
-    G, b, s, t, n, chols = _statistics(svgp, batches)
+    G, b, s, t, (n, obs), chols = _statistics(svgp, batches)
     (G, b, s, t), n = _reduce_over_ranks([G, b, s, t], n)
+    obs = _reduce_over_ranks([torch.zeros(1, dtype=torch.float64, device=G.device)], obs)[1]
     n = n / per_point  # data points seen
     scale = (1.0 if num_data is None else num_data / n) / per_point
     G, b, s, t = G * scale, b * scale, s * scale, t * scale
-    count = (num_data or n) * (b.shape[0] if b.dim() == 2 else 1)  # scalar observations sharing the noise
+    count = obs * scale  # scalar observations sharing the noise (N L, less the missing ones)
     P = _prior_precisions(svgp, chols)
     lik = noise_natgrad_likelihood(svgp)
     noise = svgp.likelihood.noise.detach().double()
@@ -307,7 +317,10 @@ def resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps,
             raise ValueError('average and finish="exact" both set q(u) and the noise at the end: choose one')
         return True, None
     chosen_otherwise = finish is None or num_steps == 0 or elbo != "analytic" or average is not None
-    if chosen_otherwise or not supports_exact_finish(module):
+    reason = None if chosen_otherwise else why_not_exact_finish(module)
+    if reason is not None and reason.endswith(LMC_REASON):  # a Gaussian LMC layer: say why it gets no finish
+        return False, reason
+    if chosen_otherwise or reason is not None:
         return False, None
     if loader is not None:
         return False, 'the data come from a loader, which may be endless (finish="exact" makes one pass of it)'

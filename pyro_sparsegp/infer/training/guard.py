@@ -23,6 +23,7 @@ import sys
 import torch
 
 from ...deferred import DeferredChecks, deferred_checks
+from ...inputs import fill_missing
 from ...linalg import CholeskyJitterWarning, _warn_once
 from ..natgrad.control import SPIKE_RUN
 from .distributed import max_over_ranks_
@@ -121,7 +122,7 @@ def deferred_checks_for(module, device, y=None, on_cpu: bool = False) -> Deferre
     if checks is not None and y is not None:
         lik = getattr(module, "likelihood", None)
         if lik is not None and hasattr(lik, "check_y"):
-            lik.check_y(y)
+            lik.check_y(fill_missing(y)[0])  # NaN: missing outputs, which the module's check_inputs allowed
     return checks
 
 

@@ -172,7 +172,9 @@ class TrainingStep:
             group["lr"] = self.lr * self.plan.adam_multiplier(step)
         with context():
             if self.noise_lik is not None:  # y [B] or [B, L]: num_data * L observations share the noise
-                self.engine.num_obs = self.num_data * (yb.numel() // max(yb.shape[0], 1))
+                per_row = (~torch.isnan(yb)).sum() / max(yb.shape[0], 1) if yb.is_floating_point() else None
+                self.engine.num_obs = self.num_data * (yb.numel() // max(yb.shape[0], 1) if per_row is None
+                                                       else per_row)  # missing outputs (NaN) are no observations
             pairs = self.pairs
             if isinstance(self.engine, NaturalGradient):  # late families join at hidden_start (Adam's before)
                 self.engine.step_count = step
