@@ -103,13 +103,15 @@ def targets(y, per_output: bool):
 
 def masked(mask):
     """``poutine.mask(mask=mask)`` (a ``[..., L, B]`` mask of observed entries), or a null context for ``None``: the
-    masked entries of an observed site drop out of ``Trace_ELBO``'s estimate of the bound."""
+    masked entries of an observed site drop out of ``Trace_ELBO``'s estimate of the bound (the data term of Hensman,
+    Matthews, Ghahramani 2015, eq. 21, summed over the observed entries)."""
     return contextlib.nullcontext() if mask is None else poutine.mask(mask=mask)
 
 
 def masked_sum(t: torch.Tensor, mask) -> torch.Tensor:
     """``t`` ``[..., L, B]`` summed over the entries ``mask`` keeps (every entry for ``None``): the expected
-    log-likelihood of the observed entries only, ``sum_{(n, l) observed} E_q[log p(y_nl | f_nl)]``. Returns ``()``."""
+    log-likelihood of the observed entries only, ``sum_{(n, l) observed} E_q[log p(y_nl | f_nl)]`` (the data term of
+    Hensman, Matthews, Ghahramani 2015, eq. 21). Returns ``()``."""
     return (t if mask is None else torch.where(mask, t, torch.zeros((), dtype=t.dtype, device=t.device))).sum()
 
 
