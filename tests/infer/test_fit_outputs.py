@@ -1,6 +1,8 @@
 """``fit`` with several outputs: missing outputs (``NaN``) counted nowhere (the noise's natural step, the exact
 finish), an LMC layer that borrows strength across outputs to fill a missing block, and the data checks."""
 
+import importlib
+
 import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
@@ -76,3 +78,24 @@ def test_fit_checks_the_rows_once():
     y[8, 1] = float("inf")
     with pytest.raises(ValueError, match="NaN or inf"):
         ps.infer.fit(gp, X, y, num_steps=1, progress=False)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("num_latents", [None, 2], ids=["independent", "lmc"])
+def test_the_deferred_fit_masks_as_the_immediate_fit(num_latents, monkeypatch):
+    """On an accelerator ``fit`` reads nothing back inside a step (``pyro_sparsegp.deferred``), so the mask is formed
+    on every minibatch, missing entries or not: the run equals the CPU's, which masks only where something is
+    missing."""
+    fit_module = importlib.import_module("pyro_sparsegp.infer.training.fit")
+    X, _, y = _problem()
+    y[3:9, 1] = float("nan")
+    runs = []
+    for defer in (False, True):
+        monkeypatch.setattr(fit_module, "_DEFER_ON_CPU", defer)
+        torch.manual_seed(1)
+        gp = ps.SVGP(RBF(1), X[::5].clone(), ps.Gaussian(0.5), num_outputs=3, num_latents=num_latents)
+        state = ps.infer.fit(gp, X, y, num_steps=8, batch_size=10, progress=False, sync_every=4)
+        runs.append((torch.tensor(state.losses), [p.detach().clone() for p in gp.parameters()]))
+    torch.testing.assert_close(runs[1][0], runs[0][0], rtol=1e-10, atol=1e-10)
+    for a, b in zip(runs[1][1], runs[0][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
