@@ -137,11 +137,13 @@ class Outputs:
     ``name``, ``num_outputs``, ``num_latents``, ``likelihood``, ``integrate_f`` and ``strategy`` on the layer.
     ``g`` ``[..., Q, B]``, ``f`` and ``y`` ``[..., L, B]``."""
 
+    num_latents = None  # Q of an LMC layer (set by the layer); None: independent outputs (also for older pickles)
+
     @property
     def num_latent_gps(self):
         """The independent GPs the strategy computes: ``Q = num_latents`` (LMC) or ``L = num_outputs`` (``None``
         for a single output). An int, not a tensor, so shapes do not apply."""
-        return self.num_outputs if self.__dict__.get("num_latents") is None else self.num_latents
+        return self.num_outputs if self.num_latents is None else self.num_latents
 
     def latents_plate(self):
         """The LMC layer's latents plate (``<name>.latents``, ``dim=-2``, size ``Q``) as drawn in this program by
