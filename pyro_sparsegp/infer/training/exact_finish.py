@@ -317,10 +317,7 @@ def resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps,
             raise ValueError('average and finish="exact" both set q(u) and the noise at the end: choose one')
         return True, None
     chosen_otherwise = finish is None or num_steps == 0 or elbo != "analytic" or average is not None
-    reason = None if chosen_otherwise else why_not_exact_finish(module)
-    if reason is not None and reason.endswith(LMC_REASON):  # a Gaussian LMC layer: say why it gets no finish
-        return False, reason
-    if chosen_otherwise or reason is not None:
+    if chosen_otherwise or not supports_exact_finish(module):
         return False, None
     if loader is not None:
         return False, 'the data come from a loader, which may be endless (finish="exact" makes one pass of it)'
