@@ -34,7 +34,8 @@ CITE = re.compile(
 )
 # infrastructure that implements no paper equation: shapes are required, a citation is not
 TRAINING = "pyro_sparsegp.infer.training."
-NO_PAPER = {TRAINING + m for m in ("fit", "batches", "checkpoint", "guard", "distributed", "steps", "progress")} | {
+NO_PAPER = {TRAINING + m for m in ("fit", "batches", "checkpoint", "guard", "distributed", "steps", "progress",
+                                   "arguments")} | {"pyro_sparsegp.reporting", "pyro_sparsegp.inputs"} | {
     "pyro_sparsegp.datasets", "pyro_sparsegp.kernels.batched", "pyro_sparsegp.linalg",
     "pyro_sparsegp.covariances.dispatch", "pyro_sparsegp.inducing.init", "pyro_sparsegp.composition",
     "pyro_sparsegp.data_stream", "pyro_sparsegp.validation", "pyro_sparsegp.deferred",

@@ -11,7 +11,8 @@ points at the user's code, not at the library line that noticed. So every warnin
 * sets ``stacklevel`` to the first frame outside ``pyro_sparsegp``, ``pyro`` and ``torch``: the user's ``fit(...)``
   or ``svi.step(...)`` call, or the user's own model function that called a layer method.
 
-No tensors, no paper equation: plumbing for messages.
+No tensors, no paper equation: plumbing for messages (every function here takes and returns strings and ints, so shapes
+do not apply).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ _LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
 
 @contextlib.contextmanager
 def in_layer(name: str | None):
-    """Warnings raised inside name the layer ``name`` (``None``: leave the current one)."""
+    """Warnings raised inside name the layer ``name`` (``None``: leave the current one). No tensors, so shapes do not
+    apply."""
     if name is None:
         yield
         return
@@ -49,7 +51,8 @@ def in_layer(name: str | None):
 
 @contextlib.contextmanager
 def at_step(step: int | None, what: str = "fit step"):
-    """Warnings raised inside name the step (``what`` and ``step``; ``None``: no step)."""
+    """Warnings raised inside name the step (``what`` and ``step``; ``None``: no step). No tensors, so shapes do not
+    apply."""
     token = _STEP.set(None if step is None else f"{what} {step}")
     try:
         yield
@@ -58,17 +61,18 @@ def at_step(step: int | None, what: str = "fit step"):
 
 
 def current_layer() -> str | None:
-    """The name of the innermost layer whose method is running, or ``None``."""
+    """The name of the innermost layer whose method is running, or ``None``. No tensors, so shapes do not apply."""
     return _LAYER.get()
 
 
 def current_step() -> str | None:
-    """``"fit step K"`` inside ``fit``'s step ``K``, or ``None``."""
+    """``"fit step K"`` inside ``fit``'s step ``K``, or ``None``. No tensors, so shapes do not apply."""
     return _STEP.get()
 
 
 def location(layer: str | None = None) -> str:
-    """``"layer 'NAME', fit step K"`` (the parts that are known; ``layer`` overrides the current one), or ``""``."""
+    """``"layer 'NAME', fit step K"`` (the parts that are known; ``layer`` overrides the current one), or ``""``. No
+    tensors, so shapes do not apply."""
     layer = layer if layer is not None else _LAYER.get()
     parts = ([f"layer {layer!r}"] if layer else []) + ([_STEP.get()] if _STEP.get() else [])
     return ", ".join(parts)
@@ -76,7 +80,7 @@ def location(layer: str | None = None) -> str:
 
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning raised by the caller of :func:`warn` point at the first frame outside
-    the package, Pyro and torch (1 if there is none)."""
+    the package, Pyro and torch (1 if there is none). No tensors, so shapes do not apply."""
     frame, level = sys._getframe(2), 2  # the caller of warn() is level 2 from warnings.warn's point of view
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARIES):
         frame, level = frame.f_back, level + 1
@@ -85,13 +89,14 @@ def user_stacklevel() -> int:
 
 def family_layer(q) -> str | None:
     """The name of the layer that owns the variational family ``q`` (a ``GaussianQ`` named ``"<layer>.q_u"`` by
-    Pyro), or ``None`` if ``q`` is not part of a named layer."""
+    Pyro), or ``None`` if ``q`` is not part of a named layer. No tensors, so shapes do not apply."""
     name = getattr(q, "_pyro_name", "") or ""
     return name.rpartition(".")[0] or None
 
 
 def warn(message: str, category=UserWarning, *, layer: str | None = None) -> None:
     """``warnings.warn(message + " [where]", category)`` pointing at the user's code (module docstring); ``layer``
-    names the layer where the context does not know it (e.g. an optimiser's step on a layer's q(u))."""
+    names the layer where the context does not know it (e.g. an optimiser's step on a layer's q(u)). No tensors, so
+    shapes do not apply."""
     where = location(layer)
     warnings.warn(f"{message} [{where}]" if where else message, category, stacklevel=user_stacklevel())

@@ -25,9 +25,10 @@ _DECAY = 0.05  # weight of a new loss in the running level and deviation
 
 
 class StepControl:
-    """The step-length multiplier of one run (module docstring). :meth:`observe` takes the losses as they are read
-    back; :attr:`scale` multiplies the step lengths from then on; :attr:`events` lists ``(step, scale)`` for each
-    halving. Floats only, so shapes do not apply."""
+    """The step-length multiplier of one run (module docstring: the trust-region backtracking of Nocedal and Wright
+    2006, section 4.1, driven by the losses read back). :meth:`observe` takes the losses as they are read back;
+    :attr:`scale` multiplies the step lengths from then on; :attr:`events` lists ``(step, scale)`` for each halving.
+    Floats only, so shapes do not apply."""
 
     def __init__(self, start: int = 0):
         self.start = start  # losses of steps before this (a warm-up) only feed the running level
@@ -60,11 +61,11 @@ class StepControl:
         return out
 
     def state_dict(self) -> dict:
-        """The control's state (floats and ints), for checkpoints."""
+        """The control's state (floats and ints, so shapes do not apply), for checkpoints."""
         return {"scale": self.scale, "events": list(self.events), "level": self.level, "dev": self.dev,
                 "seen": self.seen, "run": self.run}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`'s output."""
+        """Restore :meth:`state_dict`'s output (floats and ints, so shapes do not apply)."""
         for k, v in state.items():
             setattr(self, k, list(map(tuple, v)) if k == "events" else v)

@@ -283,7 +283,8 @@ class NatGradPlan:
 
     def adam_multiplier(self, step: int) -> float:
         """The factor of Adam's learning rate at ``step``: 1, then over the cooldown the same log-linear decay to
-        :data:`COOLDOWN_FACTOR` as the natural steps (:class:`~.schedules.Cooldown`; a float)."""
+        :data:`COOLDOWN_FACTOR` as the natural steps (:class:`~.schedules.Cooldown`), times the step control's scale
+        (a float; no tensors, so shapes do not apply)."""
         scale = 1.0 if self.control is None else self.control.scale
         if not self.cooldown or step < self.cooldown_start:
             return scale

@@ -107,7 +107,8 @@ class Cooldown:
         self.steps = getattr(self.base, "steps", 0)
 
     def multiplier(self, step: int) -> float:
-        """The decay factor at ``step``: 1 before ``start``, ``factor`` from ``end`` on (a float)."""
+        """The decay factor at ``step``: 1 before ``start``, ``factor`` from ``end`` on (a float; no tensors, so shapes
+        do not apply)."""
         if step < self.start:
             return 1.0
         return self.factor ** (min(step - self.start, self.end - self.start) / (self.end - self.start))

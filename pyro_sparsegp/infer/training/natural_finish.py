@@ -104,7 +104,8 @@ class _FullBound:
 def natural_finish_(module, batches, num_data: int, passes: int = DEFAULT_PASSES, seed: int = 0,
                     tol: float = 1e-6) -> dict:
     r"""Damped full-data natural-gradient steps on the families of ``module`` (:func:`natgrad_families`; a DeepGP's
-    last layer), in place (module docstring: Khan and Lin 2017's fixed point, Lin, Schmidt, Khan 2020's step).
+    last layer), in place (module docstring: the fixed point of Khan and Lin 2017, eq. 10, with the step of Hensman,
+    Fusi, Lawrence 2013, section 3.2, and Lin, Schmidt, Khan 2020's positive-definite precision).
 
     :param module: a module with ``analytic_elbo(X, y, num_data=N)``.
     :param batches: a callable returning an iterable of ``(X [B, D], y [B, ...])`` that covers the data once.
@@ -167,7 +168,7 @@ def natural_finish_(module, batches, num_data: int, passes: int = DEFAULT_PASSES
 def natural_finish_run(module, source, num_data: int, show: bool, passes: int = DEFAULT_PASSES, seed: int = 0) -> dict:
     """fit's last passes (:func:`natural_finish_` over ``source.one_pass()``, batches ``(X [B, D], y [B, ...])``), with
     a line on ``stderr`` where progress is shown: the steps taken, the bound before and after (nats per point) and
-    the time. Returns the report (Khan and Lin 2017's fixed point; module docstring)."""
+    the time. Returns the report (Khan and Lin 2017's fixed point, eq. 10; module docstring)."""
     start = time.perf_counter()
     report = natural_finish_(module, source.one_pass, num_data, passes=passes, seed=seed)
     if show:
@@ -206,7 +207,7 @@ def resolve_any_finish(module, finish, elbo, natgrad_lr, loader, average, num_st
     :data:`EPOCHS_PER_PASS` epochs of training (at most :data:`DEFAULT_PASSES`; none under 5 epochs), no
     ``average``. ``kind`` is ``"exact"``, ``"natural"`` or ``None``; ``skipped`` says why ``"auto"`` left out a finish
     the module could take (for fit's progress line). No tensors, so shapes do not apply (Khan and Lin 2017's fixed
-    point; module docstring)."""
+    point, eq. 10; module docstring)."""
     if finish not in ("auto", "exact", "natural", None):
         raise ValueError(f'finish must be "auto", "exact", "natural" or None, got {finish!r}')
     if finish in ("exact", None) or (finish == "auto" and supports_exact_finish(module)):
