@@ -175,7 +175,7 @@ def test_two_classes_equal_binary_ep():
     gp, X, y = _problem(N=10, K=2, M=4, far_last=True)
     st = fit_ep(gp, X, y, method="ep", num_iters=60, learn_hyperparameters=False, damping=0.8, damping_decay=1.0)
     Kuu, ups, d = _dense_pieces(gp, X)
-    assert ups[1].abs().max() == 0
+    assert ups[1].abs().max() <= 1e3 * torch.finfo(ups.dtype).eps * ups[0].abs().max()  # class 1: zero up to round-off
     sgn = 1.0 - 2.0 * y  # class 0 -> +1
     u, dd, Kinv = ups[0], d[0] + d[1], torch.linalg.inv(Kuu[0])
     tau, nu = torch.zeros(10), torch.zeros(10)
@@ -388,8 +388,8 @@ def test_ep_gfitc_and_mfsp_use_the_pair_covariances_of_inducing_patches():
     eq. 6 with the mean normalisation ``c = 1/P``), and both methods then fit and predict."""
     from pyro_sparsegp.covariances import Kdiag
     from pyro_sparsegp.infer import fit_gfitc
-    from pyro_sparsegp.infer.ep.sites import _fitc_stats
     from pyro_sparsegp.infer.ep.mfsp import _pieces
+    from pyro_sparsegp.infer.ep.sites import _fitc_stats
 
     H = W = 5
     base = RBF(9, variance=torch.tensor(1.3), lengthscale=torch.tensor(2.0))
