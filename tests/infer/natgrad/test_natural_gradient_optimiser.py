@@ -93,19 +93,41 @@ def test_one_full_batch_step_of_length_one_lands_on_the_optimal_qu(store, whiten
 
 
 @pytest.mark.float64
+def _natural(q) -> torch.Tensor:
+    """``(Lambda m, lower triangle of Lambda)`` of ``q = N(m, LL^T)``, ``Lambda = (LL^T)^{-1}``, one vector
+    ``[M + M(M+1)/2]`` (the parameters in which the step is affine)."""
+    m, L = q.u_loc.detach(), q.u_scale_tril.detach()
+    prec = torch.cholesky_inverse(L)
+    return torch.cat([prec @ m, prec[tuple(torch.tril_indices(len(m), len(m)))]])
+
+
 def test_with_the_layers_own_model_a_step_is_right_on_average_over_particles():
-    """gp.model/gp.guide (f integrated given u, u sampled) and Trace_ELBO: the step is affine in the gradient, so with
-    many vectorised particles it comes close to the optimum (Monte Carlo error ~ 1/sqrt(particles)). The plain step
-    (``retraction=False``): the positive-definite one is not affine in the gradient."""
+    """gp.model/gp.guide (f integrated given u, u sampled) and Trace_ELBO: the plain step (``retraction=False``; the
+    positive-definite one is not affine in the gradient) is affine in the gradient in the natural parameters, so a
+    length-1 step from the same start is an unbiased estimate of the optimal q(u)'s natural parameters (Hensman,
+    Fusi, Lawrence 2013, section 3.2): over 12 steps of 2,000 vectorised particles each, every natural parameter's
+    mean lies within 4.5 standard errors (measured from the 12 steps) of the dense optimum's (27 entries: a false
+    alarm below 2e-4), and the standard errors are small enough to see a 5 % error."""
     X, y = _data()
     gp = _gp(True, integrate_f=True)
-    elbo = Trace_ELBO(num_particles=20000, vectorize_particles=True, max_plate_nesting=1)
-    SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=1.0, retraction=False),
-        elbo).step(X, y)
+    raws = [gp.q_u.u_loc_unconstrained, gp.q_u.u_scale_tril_unconstrained]
+    start = [r.detach().clone() for r in raws]
+    draws = []
+    for _ in range(12):
+        with torch.no_grad():
+            for r, s0 in zip(raws, start, strict=True):
+                r.copy_(s0)
+        elbo = Trace_ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=1)
+        SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=1.0, retraction=False),
+            elbo).step(X, y)
+        draws.append(_natural(gp.q_u).double())
+    draws = torch.stack(draws)  # [12, 27]
+    mean, se = draws.mean(0), draws.std(0) / math.sqrt(len(draws))
     m, S = _dense_optimum(gp, X, y)
-    mq, Sq = _qu(gp)
-    assert float((mq - m).norm() / m.norm()) < 0.05
-    assert float((Sq - S).norm() / S.norm()) < 0.1
+    prec = torch.linalg.inv(S).double()
+    target = torch.cat([prec @ m.double(), prec[tuple(torch.tril_indices(M, M))]])
+    assert (se > 0).all() and (4.5 * se < 0.05 * target.abs().max()).all(), (se, target)
+    assert ((mean - target).abs() < 4.5 * se).all(), ((mean - target) / se, target)
 
 
 def _sine_data(n=1000):
