@@ -198,7 +198,8 @@ def test_fit_trains_a_deep_conv_gp_on_its_analytic_elbo():
 def test_fit_takes_natural_steps_on_every_deep_conv_layer(solve):
     """``fit(..., natgrad_layers="all")`` on a deep conv GP: the SOLVE-GP layers whose ``q(u)`` and ``q(v⊥)`` both take
     natural steps are the GP layers that own an orthogonal strategy (the hidden layer's GP over patches and the
-    output layer), never the ConvLayer that exposes its GP's strategy; every ``q`` moves, nothing is NaN."""
+    output layer), never the ConvLayer that exposes its GP's strategy; one small step from the start (full batch,
+    hyperparameters held) moves every ``q``, leaves nothing NaN and raises the closed-form bound on common draws."""
     from pyro_sparsegp.infer.natgrad import natgrad_pairs
 
     gp = _deep(solve)
@@ -207,6 +208,21 @@ def test_fit_takes_natural_steps_on_every_deep_conv_layer(solve):
     assert pairs == ([gp.hidden[0].gp, gp.output] if solve else [])
     X, y = torch.rand(12, H * W * C), torch.randint(0, 3, (12,)).to(torch.get_default_dtype())
     before = [q.u_loc.detach().clone() for q in families]
-    fit(gp, X, y, num_steps=2, batch_size=6, natgrad_lr=0.1, natgrad_layers="all", progress=False)
+
+    def bound():  # the closed-form estimate on 24 fixed sets of draws (common random numbers before and after)
+        with torch.no_grad():
+            return torch.tensor([(torch.manual_seed(seed), gp.analytic_elbo(X, y, num_samples=64).item())[1]
+                                 for seed in range(24)], dtype=torch.float64)
+
+    start = bound()
+    # one small step on the full batch, the hyperparameters held (Adam at lr 1e-12), from the hidden layers on, its
+    # gradient from 64 samples through the hidden layers (the default's few would leave the hidden steps' noise)
+    gp.num_samples = 64
+    fit(gp, X, y, num_steps=1, batch_size=12, lr=1e-12, natgrad_lr=0.1, natgrad_layers="all", natgrad_warmup=0,
+        natgrad_hidden_start=0, progress=False)
     for q, b in zip(families, before, strict=True):
         assert torch.isfinite(q.u_loc).all() and not torch.equal(q.u_loc.detach(), b)
+    rise = bound() - start  # [24]: the same draws before and after
+    # a small natural step raises the bound, by more than 4 standard errors of the paired differences (measured:
+    # 0.0055 +- 0.0006 nats for the svgp layers, 0.46-2.5 elsewhere)
+    assert rise.mean() > 4 * rise.std() / math.sqrt(len(rise)), rise
