@@ -14,7 +14,7 @@ constructors, ``check_inputs`` of their ``model``/``guide``/``predict``), so the
   ``subsample_size <= N <= num_data``;
 * inputs whose offset dwarfs their spread in the working dtype (float32 Unix seconds: spacing 128 at 1.7e9) lose
   their information in the cast, so :class:`InputPrecisionWarning` says to standardise them (once per cause); so does
-  a column that rounding merged into one number (constant at a magnitude where the dtype's numbers are 1 or more
+  a column that rounding merged into one number (constant at a magnitude where the dtype's numbers are 2 or more
   apart), which the spread test cannot see: its spread is 0.
 """
 
@@ -73,7 +73,7 @@ def _resolution_lost(x: torch.Tensor, dtype: torch.dtype) -> bool:
 
 def _collapsed(x: torch.Tensor) -> tuple[int, float] | None:
     """``(column, value)`` of the first column of ``x`` ``[..., N, D]`` (``N >= 2``) that is constant at a magnitude
-    where its dtype's numbers are at least 1 apart (``|x| >= 2 / eps``: ``2^24`` in float32), or ``None``: a column
+    where its dtype's numbers are 2 or more apart (``|x| >= 2 / eps``: ``2^24`` in float32), or ``None``: a column
     whose values rounding merged into one (float32 Unix seconds within two minutes of each other are one number), as
     a constant column of such a size rarely is by design."""
     if x.numel() == 0 or x.dim() < 2 or x.shape[-2] < 2:
