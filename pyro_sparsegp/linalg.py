@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from . import deferred
+from ._matrix_checks import _check_factorisable
 
 __all__ = [
     "CholeskyJitterWarning",
@@ -149,16 +150,18 @@ def cholesky(
         is expected and harmless (the posterior covariance of many test points in float32).
     :returns: ``L`` ``[..., M, M]`` with ``L @ L.mT = A + jitter * mean(diag A) * I``.
     :raises torch.linalg.LinAlgError: if the matrix is not positive definite even with the largest jitter.
+    :raises ValueError: if ``A`` is not ``[..., M, M]`` or not symmetric (``sqrt(eps)``; ``_matrix_checks``).
 
     Warns :class:`CholeskyJitterWarning` when the jitter had to be raised and :class:`IllConditionedWarning` when
     the matrix is numerically singular (the module docstring gives the escalation), each once per cause. Inside
     :func:`~pyro_sparsegp.deferred.deferred_checks` (``fit`` on a GPU) it factorises once with the run's jitter and
     flags a failure on the device; ``fit`` escalates at its next sync point (:mod:`pyro_sparsegp.deferred`).
     """
+    if (checks := deferred.active()) is None:  # shape, symmetry (_matrix_checks); fit's deferred steps read nothing
+        _check_factorisable(A)
     if jitter is None:
         jitter = default_jitter(A.dtype)
     scale = A.diagonal(dim1=-2, dim2=-1).mean(-1).detach().abs().clamp(min=torch.finfo(A.dtype).tiny)
-    checks = deferred.active()
     if checks is not None:  # one factorisation with the run's jitter; a failure is flagged, not read (deferred.py)
         eps = (jitter if jitter > 0 else default_jitter(A.dtype)) * checks.jitter_scale
         L, info = torch.linalg.cholesky_ex(add_diag(A, eps * scale))

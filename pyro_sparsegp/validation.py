@@ -13,11 +13,14 @@ constructors, ``check_inputs`` of their ``model``/``guide``/``predict``), so the
 * data sets have at least one row; ``subsample_size`` and ``num_data`` are positive integers with
   ``subsample_size <= N <= num_data``;
 * inputs whose offset dwarfs their spread in the working dtype (float32 Unix seconds: spacing 128 at 1.7e9) lose
-  their information in the cast, so :class:`InputPrecisionWarning` says to standardise them (once per cause).
+  their information in the cast, so :class:`InputPrecisionWarning` says to standardise them (once per cause); so does
+  a column that rounding merged into one number (constant at a magnitude where the dtype's numbers are 2 or more
+  apart), which the spread test cannot see: its spread is 0.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -68,6 +71,23 @@ def _resolution_lost(x: torch.Tensor, dtype: torch.dtype) -> bool:
         return bool(lost.any())
 
 
+def _collapsed(x: torch.Tensor) -> tuple[int, float] | None:
+    """``(column, value)`` of the first column of ``x`` ``[..., N, D]`` (``N >= 2``) that is constant at a magnitude
+    where its dtype's numbers are 2 or more apart (``|x| >= 2 / eps``: ``2^24`` in float32), or ``None``: a column
+    whose values rounding merged into one (float32 Unix seconds within two minutes of each other are one number), as
+    a constant column of such a size rarely is by design."""
+    if x.numel() == 0 or x.dim() < 2 or x.shape[-2] < 2:
+        return None
+    with torch.no_grad():
+        flat = x.detach().reshape(-1, x.shape[-1])
+        lo, hi = torch.aminmax(flat, dim=0)
+        hit = (lo == hi) & (lo.abs() >= 2 / torch.finfo(x.dtype).eps)
+        if not bool(hit.any()):
+            return None
+        d = int(hit.nonzero()[0, 0])
+        return d, float(lo[d])
+
+
 def _precision_hint(x, dtype) -> str:
     if _resolution_lost(x, dtype):
         return (
@@ -97,6 +117,19 @@ def check_precision(x: torch.Tensor, name: str) -> None:
             f"magnitude is more than {_RESOLUTION:g} of its range, so rounding has destroyed part of the data "
             "(e.g. Unix seconds in float32 are multiples of 128). Standardise the inputs in float64 before "
             "converting them (subtract the mean, divide by the standard deviation), or work in float64.",
+            InputPrecisionWarning,
+            stacklevel=4,
+        )
+    if x.is_floating_point() and (hit := _collapsed(x)) is not None:
+        d, value = hit
+        spacing = torch.finfo(x.dtype).eps * 2.0 ** math.floor(math.log2(abs(value)))
+        _warn_once(
+            ("collapsed", name, x.dtype),
+            f"{name} ({x.dtype}): column {d} is the same number, {value:.7g}, in all {x.shape[-2]} rows, at a "
+            f"magnitude where {x.dtype} numbers are {spacing:g} apart, so values closer than that were rounded into "
+            "one (e.g. Unix seconds in float32) and the column carries no information. Subtract the offset or "
+            "standardise the column in float64 before converting it, or work in float64; if the column is constant "
+            "by design, drop it.",
             InputPrecisionWarning,
             stacklevel=4,
         )

@@ -20,6 +20,7 @@ float64, with their truncation and rounding errors) are set out in
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from pyro.distributions.torch_distribution import TorchDistribution
@@ -115,7 +116,15 @@ class PolyaGamma(TorchDistribution):
     has_rsample = True
 
     def __init__(self, b, c, num_terms: int = 200, validate_args=None):
-        self.b, self.c = broadcast_all(b, c)
+        try:
+            self.b, self.c = broadcast_all(b, c)
+        except (RuntimeError, ValueError) as exc:  # torch's message names neither argument
+            bad = [f"{n} is a {type(x).__name__}" for n, x in (("b", b), ("c", c))
+                   if not (torch.is_tensor(x) or isinstance(x, numbers.Number))]
+            shapes = [tuple(x.shape) if torch.is_tensor(x) else () for x in (b, c)]
+            raise ValueError(f"PolyaGamma: b and c must be numbers or tensors ({', '.join(bad)})" if bad else
+                             f"PolyaGamma: b {shapes[0]} and c {shapes[1]} do not broadcast to one batch shape (b: "
+                             "the shape parameter, c: the tilting); give them the same shape or size-1 dims") from exc
         if isinstance(num_terms, bool) or int(num_terms) != num_terms or num_terms < 2:
             raise ValueError(f"num_terms (terms of each density series) must be an integer >= 2, got {num_terms!r}")
         self.num_terms = int(num_terms)

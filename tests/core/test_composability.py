@@ -9,6 +9,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from gradient_checks import assert_gradients, parameter_gradients
 from pyro import poutine
 from pyro.contrib.gp.kernels import RBF, Matern32
 from pyro.infer import SVI, Predictive, Trace_ELBO, TraceMeanField_ELBO
@@ -311,8 +312,11 @@ def test_robust_max_default_integrates_f_and_trains():
     assert gp.integrate_f
     loss = Trace_ELBO().differentiable_loss(gp.model, gp.guide, X, y.to(X.dtype))
     loss.backward()
-    for n, p in gp.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, n
+    # whitened: q(f)'s mean scales with sqrt(variance) and its variance with the variance, and robust-max's
+    # P(argmax f = y) is invariant to a positive scale of f, so the bound does not depend on the kernel's variance;
+    # the quadrature's backward pass leaves up to 5e-9 of the largest gradient (20 seeds, float64), hence the floor
+    zero = {"kernel.variance_unconstrained": "whitened robust-max: invariant to the scale of f"}
+    assert_gradients(parameter_gradients(gp), zero, rel=10 * torch.finfo(X.dtype).eps ** 0.5)
     with pytest.warns(ps.layers.UntrainableWarning, match="integrate_f=True"):
         ps.SVGP(RBF(2), X[:6].clone(), ps.RobustMax(3), num_outputs=3, integrate_f=False)
 

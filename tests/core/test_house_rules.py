@@ -1,7 +1,13 @@
 """The house rules of the package's layout (shared/DESIGN.md, "Target house"), read from the sources with ``ast``:
 
 * ``bounds/`` is an oracle for the tests: nothing in ``pyro_sparsegp/`` outside ``bounds/`` imports it (the one
-  exception is the top-level ``pyro_sparsegp/__init__.py``, which exposes the namespace ``ps.bounds`` to users);
+  exception is the top-level ``pyro_sparsegp/__init__.py``, which exposes the namespace ``ps.bounds`` to users):
+  no import statement (at any depth, in functions too), no ``importlib.import_module``/``__import__`` call and no
+  string (docstrings aside) names it, and importing every module of the package, with the import functions
+  watched in a fresh interpreter, asks for it from nowhere else;
+* the top-level modules and subpackages of ``pyro_sparsegp`` import one another without a cycle (function-level
+  imports counted: a cycle broken only by deferring an import is still a cycle; ``inputs`` <-> ``validation`` was
+  the last);
 * no file over 400 lines, no class over 200, no function over 80 (a docstring counts; decorators too).
 
 ``KNOWN_OVER`` lists what may stay over (with its size, never to grow): nothing since the restructuring of
@@ -11,6 +17,11 @@ issue #25.
 from __future__ import annotations
 
 import ast
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,18 +79,200 @@ def test_the_module_name_resolution():
     assert _module_name(PKG / "likelihoods" / "base.py") == "pyro_sparsegp.likelihoods.base"
 
 
+_BOUNDS = "pyro_sparsegp.bounds"
+# a string that names the oracle as a module: absolute, or relative ("..bounds", ".bounds.svgp"), or bare ("bounds",
+# which getattr(package, "bounds") or import_module("bounds", package) would take)
+_BOUNDS_STRING = re.compile(r"pyro_sparsegp\.bounds\b|^\.*bounds(\.\w+)*$")
+_IMPORT_FUNCTIONS = {"import_module", "__import__", "find_spec", "reload", "spec_from_file_location"}
+
+
+def _names_bounds(name: str) -> bool:
+    return name == _BOUNDS or name.startswith(_BOUNDS + ".")
+
+
+def _docstrings(tree) -> set:
+    """``id`` s of the string constants that are docstrings (of the module, classes and functions)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def _bounds_references(path: Path):
+    """``(lineno, what)`` for each way ``path`` may reach the oracle: an import statement naming it, a call of an
+    import function (``importlib.import_module``, ``__import__``, ...), whatever its arguments, whose arguments
+    mention ``bounds``, and any other string that names it as a module."""
+    for lineno, name in _imported_modules(path):
+        if _names_bounds(name):
+            yield lineno, f"imports {name}"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if fname in _IMPORT_FUNCTIONS:
+                text = " ".join(ast.unparse(a) for a in [*node.args, *(k.value for k in node.keywords)])
+                if "bounds" in text:
+                    yield node.lineno, f"calls {fname}({text})"
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            if _BOUNDS_STRING.search(node.value.strip()):
+                yield node.lineno, f"names the oracle in the string {node.value!r}"
+
+
 def test_nothing_outside_bounds_imports_bounds():
     bad = []
     for path in _sources():
         rel = path.relative_to(PKG)
-        if rel.parts[0] == "bounds":
-            continue
-        for lineno, name in _imported_modules(path):
-            if name == "pyro_sparsegp.bounds" and rel == Path("__init__.py"):
-                continue  # the namespace ps.bounds, for users
-            if name == "pyro_sparsegp.bounds" or name.startswith("pyro_sparsegp.bounds."):
-                bad.append(f"{rel}:{lineno} imports {name}")
+        if rel.parts[0] == "bounds" or rel == Path("__init__.py"):
+            continue  # the oracle itself; the top-level namespace ps.bounds, for users
+        bad += [f"{rel}:{lineno} {what}" for lineno, what in _bounds_references(path)]
     assert not bad, "bounds/ is the tests' oracle; the library must not import it:\n" + "\n".join(bad)
+
+
+def test_the_bounds_scan_sees_every_way_in(tmp_path, monkeypatch):
+    """The scan itself: each way in is reported, a docstring or an unrelated word is not."""
+    monkeypatch.setattr(sys.modules[__name__], "PKG", tmp_path / "pyro_sparsegp")
+    src = tmp_path / "pyro_sparsegp" / "layers" / "mod.py"
+    src.parent.mkdir(parents=True)
+    ways = ["import importlib\nm = importlib.import_module('pyro_sparsegp.bounds')",
+            "def f():\n    return __import__('pyro_sparsegp.bounds.svgp')",
+            "from importlib import import_module\nm = import_module('.bounds', 'pyro_sparsegp')",
+            "def f(p):\n    return getattr(p, 'bounds')",
+            "def f():\n    from ..bounds import svgp",
+            "NAME = 'pyro_sparsegp.' + 'bounds'\nimport importlib\nimportlib.import_module(NAME)"]
+    for code in ways:  # (a name computed from pieces that spell no "bounds" is for the runtime test below)
+        src.write_text(code + "\n")
+        assert list(_bounds_references(src)), code
+    src.write_text('"""Checked against :mod:`pyro_sparsegp.bounds`."""\nx = "out of bounds"\n')
+    assert not list(_bounds_references(src))
+
+
+WATCH = r"""
+import builtins, importlib, importlib.util, json, pkgutil, sys, warnings
+from pathlib import Path
+PKG, BOUNDS = Path(sys.argv[1]), "pyro_sparsegp.bounds"
+found = []
+
+
+def _caller():
+    f = sys._getframe(3)  # _caller <- _note <- the watched import function <- its caller
+    while f is not None and "importlib" in f.f_code.co_filename:
+        f = f.f_back
+    return f
+
+
+def _note(name, package, fromlist=()):
+    try:
+        full = importlib.util.resolve_name(name, package) if name.startswith(".") else name
+    except (ImportError, ValueError):
+        return
+    names = [full] + [f"{full}.{x}" for x in fromlist or () if isinstance(x, str)]
+    if not any(n == BOUNDS or n.startswith(BOUNDS + ".") for n in names):
+        return
+    f = _caller()
+    path = Path(f.f_code.co_filename).resolve() if f is not None else None
+    if path is None or PKG not in path.parents:
+        return
+    rel = path.relative_to(PKG)
+    if rel.parts[0] != "bounds" and rel != Path("__init__.py"):
+        found.append(f"{rel}:{f.f_lineno} asks for {names}")
+
+
+_import, _import_module = builtins.__import__, importlib.import_module
+
+
+def watched_import(name, globals=None, locals=None, fromlist=(), level=0):
+    package = (globals or {}).get("__package__") or ""
+    _note("." * level + name if level else name, package, fromlist)
+    return _import(name, globals, locals, fromlist, level)
+
+
+def watched_import_module(name, package=None):
+    _note(name, package)
+    return _import_module(name, package)
+
+
+builtins.__import__, importlib.import_module = watched_import, watched_import_module
+warnings.simplefilter("ignore")
+import pyro_sparsegp
+for info in pkgutil.walk_packages(pyro_sparsegp.__path__, "pyro_sparsegp."):
+    if not info.name.startswith(BOUNDS) and info.name != "pyro_sparsegp.__main__":
+        importlib.import_module(info.name)
+print(json.dumps(found))
+"""
+
+
+def test_no_module_asks_for_bounds_when_imported():
+    """Every module of the package imported in a fresh interpreter whose ``__import__`` and
+    ``importlib.import_module`` note who asks for ``pyro_sparsegp.bounds`` (computed names included, which the
+    source scan cannot read): nobody but ``pyro_sparsegp/__init__.py`` and ``bounds/`` itself."""
+    env = {**os.environ, "PYTHONPATH": str(PKG.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", WATCH, str(PKG.resolve())], env=env, cwd=PKG.parent,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not found, "bounds/ is the tests' oracle; the library must not import it:\n" + "\n".join(found)
+
+
+def _top_level_graph() -> dict:
+    """``{unit: {units it imports}}`` over the top-level modules and subpackages of ``pyro_sparsegp`` (a unit:
+    ``inputs``, ``layers``, ...; every import statement of every file of a unit, at any depth, counts; the
+    package's ``__init__.py``, which imports everything to expose it, is left out)."""
+    units = {p.stem for p in PKG.glob("*.py") if p.name != "__init__.py"}
+    units |= {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    graph = {u: set() for u in units}
+    for path in _sources():
+        rel = path.relative_to(PKG)
+        if rel == Path("__init__.py"):
+            continue
+        src = rel.parts[0].removesuffix(".py")
+        for _, name in _imported_modules(path):
+            parts = name.split(".")
+            if parts[0] == "pyro_sparsegp" and len(parts) > 1 and parts[1] in units and parts[1] != src:
+                graph[src].add(parts[1])
+    return graph
+
+
+def _cycles(graph: dict) -> list:
+    """The strongly connected components of more than one node (Tarjan), each sorted: the import cycles."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+                on.discard(comp[-1])
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_top_level_modules_import_without_a_cycle():
+    graph = _top_level_graph()
+    assert {"inputs", "validation", "linalg", "layers", "infer"} <= set(graph)  # the scan found the package
+    assert "inputs" in graph["validation"] and "validation" not in graph["inputs"]  # the circle stays broken
+    cycles = _cycles(graph)
+    assert not cycles, f"import cycles between top-level modules (function-level imports count): {cycles}"
+    # the detector: the old inputs -> validation import closes a cycle
+    assert _cycles({**graph, "inputs": graph["inputs"] | {"validation"}}) == [["inputs", "validation"]]
 
 
 def _over(path: Path) -> tuple[str, dict]:

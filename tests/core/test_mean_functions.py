@@ -4,6 +4,7 @@ layer's p(f | u) and q(f) (added per output, on sample-batched inputs too), trai
 import numpy as np
 import pytest
 import torch
+from gradient_checks import assert_gradients, parameter_gradients
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
@@ -104,7 +105,11 @@ def test_mean_parameters_train_and_width_is_checked():
     gp = ps.SVGP(RBF(D), torch.randn(4, D), ps.Gaussian(), mean_function=Linear(D, 1))
     X, y = torch.randn(10, D), torch.randn(10)
     gp.analytic_elbo(X, y).backward()
-    assert gp.mean_function.A.unconstrained().grad.abs().sum() > 0
+    # at the initial whitened q(u) = p(u), q(f) = p(f) does not depend on Z or the lengthscale: true gradient zero
+    prior = "whitened q(u) = N(0, I) = p(u): q(f) = p(f) whatever Z and the lengthscale"
+    zero = {"inducing.Z_unconstrained": prior, "kernel.lengthscale_unconstrained": prior}
+    assert_gradients(parameter_gradients(gp), zero)
+    assert "mean_function.A_unconstrained" in parameter_gradients(gp)
     with pytest.raises(ValueError, match="mean function has 2 outputs"):
         ps.SVGP(RBF(D), torch.randn(4, D), num_outputs=3, mean_function=Zero(2))
 

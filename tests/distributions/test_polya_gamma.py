@@ -133,7 +133,8 @@ def test_moments_are_stable_near_zero_and_for_large_c(dtype):
     cg = torch.tensor([0.0, 1e-6, 1.0, 700.0], dtype=dtype, requires_grad=True)
     dg = PolyaGamma(torch.ones(4, dtype=dtype), cg)
     (dg.mean + dg.variance).sum().backward()
-    assert torch.isfinite(cg.grad).all() and cg.grad[0] == 0 and (cg.grad[1:] < 0).all()
+    assert torch.isfinite(cg.grad).all() and (cg.grad[1:] < 0).all()
+    assert cg.grad[0].abs() <= 1e3 * torch.finfo(dtype).eps * cg.grad.abs().max()  # zero in exact arithmetic
 
 
 @pytest.mark.parametrize("b,c", [(1, 0.0), (1, 3.0), (2, -1.0), (5, 0.5)], ids=str)
@@ -292,7 +293,7 @@ def test_kl_shapes_and_special_cases():
     q = PolyaGamma(torch.full_like(c, 2.0), c)
     assert torch.allclose(kl_divergence(q, q), torch.zeros_like(c), atol=1e-12)
     kl0 = kl_divergence(q, PolyaGamma(torch.full_like(c, 2.0), torch.zeros_like(c)))
-    assert kl0[0] == 0 and (kl0[1:] > 0).all() and torch.isfinite(kl0).all()
+    assert kl0[0].abs() < 1e-12 and (kl0[1:] > 0).all() and torch.isfinite(kl0).all()
     assert kl0[-1].item() == pytest.approx(2 * 1e4 / 4 - 2 * math.log(2), rel=1e-12)
     with pytest.raises(NotImplementedError):
         kl_divergence(_pg(1, 1.0), _pg(2, 1.0))

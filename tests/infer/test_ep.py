@@ -175,7 +175,7 @@ def test_two_classes_equal_binary_ep():
     gp, X, y = _problem(N=10, K=2, M=4, far_last=True)
     st = fit_ep(gp, X, y, method="ep", num_iters=60, learn_hyperparameters=False, damping=0.8, damping_decay=1.0)
     Kuu, ups, d = _dense_pieces(gp, X)
-    assert ups[1].abs().max() == 0
+    assert ups[1].abs().max() <= 1e3 * torch.finfo(ups.dtype).eps * ups[0].abs().max()  # class 1: zero up to round-off
     sgn = 1.0 - 2.0 * y  # class 0 -> +1
     u, dd, Kinv = ups[0], d[0] + d[1], torch.linalg.inv(Kuu[0])
     tau, nu = torch.zeros(10), torch.zeros(10)

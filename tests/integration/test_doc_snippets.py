@@ -13,6 +13,10 @@ How a page is run (one test per page, so a failure names the page, the block's i
 * a block that is not meant to run is ```bash (or another language), or carries an HTML comment on the line just
   before its fence, ``<!-- snippet: skip (the reason) -->``; a page may skip at most ``MAX_SKIPPED`` blocks and each
   skip must give its reason;
+* every page has at least one block that runs, and every block that runs **asserts** what it claims (an ``assert``
+  statement: a figure within a bound, a shape, an average written, an identity), so that a snippet that runs but no
+  longer does what its page says fails; a block with nothing of its own to assert is listed in ``NO_ASSERT`` with
+  the reason (``test_every_snippet_asserts`` checks both, and that no entry is stale);
 * Pyro's settings are a newcomer's (``module_local_params`` off, so modules share Pyro's global parameter store) and
   warnings are errors (pyproject's ``filterwarnings``): a snippet that warns fails.
 
@@ -24,6 +28,7 @@ page's test is then ``xfail(strict=True)``, and passes again only once the libra
 
 from __future__ import annotations
 
+import ast
 import linecache
 import os
 import re
@@ -49,8 +54,10 @@ SUBSTITUTIONS = [
     (r"\bnum_steps=(\d[\d_]*)", lambda m: f"num_steps={min(20, max(2, int(m[1]) // 100))}"),
     # fit(..., checkpoint_every=100) -> checkpoint_every=1: a hundredth too, at least 1
     (r"\bcheckpoint_every=(\d[\d_]*)", lambda m: f"checkpoint_every={max(1, int(m[1]) // 100)}"),
-    # a hand-written SVI loop: for step in range(1000) -> range(2)
-    (r"\bfor step in range\(\d[\d_]*\)", "for step in range(2)"),
+    # a hand-written SVI loop: for step in range(1000) -> range(3)
+    (r"\bfor step in range\(\d[\d_]*\)", "for step in range(3)"),
+    # NaturalGradient(..., average_from=1500) in such a loop -> average_from=1: the last 2 of the 3 steps averaged
+    (r"\baverage_from=\d[\d_]*", "average_from=1"),
 ]
 
 _DATA = """
@@ -91,7 +98,7 @@ Zimg = X[:4].clone()
     "docs/fitting.md": {},
     "docs/likelihoods.md": {},
     "docs/extending.md": {},
-    "docs/tutorials.md": {},
+    "docs/tutorials.md": {0: f"import os\nos.chdir({str(ROOT)!r})\n"},  # the page reads tutorials/ from the root
     "docs/index.md": {},
     "docs/saving.md": {},
     "docs/gpu.md": {  # torchrun's environment for a world of one process (gloo on the CPU), on a free port
@@ -110,6 +117,17 @@ FLOAT32 = os.environ.get("PYRO_SPARSEGP_DTYPE", "float64") == "float32"  # the f
 # page -> [(applies, reason)]: snippets that fail (or warn) because of a library problem, for the library's owner to
 # fix; the page's test is marked xfail(strict=True) where ``applies``, so it fails once the library is fixed.
 LIBRARY_FAILURES: dict[str, list[tuple[bool, str]]] = {}
+
+# (page, python block index) -> why the block has no assert of its own (each block that runs asserts otherwise)
+NO_ASSERT: dict[tuple[str, int], str] = {
+    ("docs/saving.md", 0): "trains the model whose saving and loading the page's next four blocks assert",
+    ("docs/saving.md", 5): "predict.py for a fresh process: test_state_dict_loads_in_a_fresh_process runs it in one "
+                           "and asserts that its predictions equal the trained module's",
+    ("docs/gpu.md", 1): "block 0's fit from a TensorDataset instead of tensors, no result of its own; the dataset "
+                        "path's batches are tested in tests/infer/test_fit.py",
+    ("docs/gpu.md", 3): "a torchrun script; that ranks stay identical and rank 0 saves is asserted by "
+                        "tests/integration/test_distributed.py",
+}
 
 
 def blocks(text: str):
@@ -179,12 +197,41 @@ def test_blocks_reads_fences_and_skip_markers():
     assert found[0][2] == "a = 1\n" and found[3][2] == "b = a + 1\n"  # the list item's indent removed
     shrunk = shrink("fit(gp, X, y, num_steps=20_000, checkpoint_every=100)")
     assert shrunk == "fit(gp, X, y, num_steps=20, checkpoint_every=1)"
+    assert shrink("NaturalGradient(a, average_from=1500)\nfor step in range(2000):") == (
+        "NaturalGradient(a, average_from=1)\nfor step in range(3):")
 
 
 def test_every_page_is_covered():
     assert set(SETUP) == set(PAGES), "add the new page to SETUP (an empty dict when it needs no setup)"
     for page in PAGES:
         assert all(isinstance(k, int) and k >= 0 for k in SETUP[page]), page
+
+
+def _asserts(code: str) -> bool:
+    """Whether ``code`` holds an ``assert`` statement (at any depth)."""
+    return any(isinstance(node, ast.Assert) for node in ast.walk(ast.parse(code)))
+
+
+def test_every_snippet_asserts():
+    """Every page runs at least one block; every block that runs asserts something, or is in ``NO_ASSERT`` with a
+    reason; no ``NO_ASSERT`` entry names a block that asserts or does not run."""
+    missing, stale = [], []
+    for page in PAGES:
+        runnable = _runnable(page)
+        assert runnable, f"{page}: no python block runs; give the page a snippet that asserts what it claims"
+        for index, code, line in runnable:
+            listed = (page, index) in NO_ASSERT
+            if not _asserts(code) and not listed:
+                missing.append(f"{page}:{line} (block {index})")
+            if listed and _asserts(code):
+                stale.append(f"{page} block {index} asserts now")
+    runs = {(page, index) for page in PAGES for index, _, _ in _runnable(page)}
+    stale += [f"{key} does not run" for key in NO_ASSERT if key not in runs]
+    assert not missing, "snippets without an assert (add one, or a NO_ASSERT entry with the reason):\n" + "\n".join(
+        missing)
+    assert not stale, f"stale NO_ASSERT entries: {stale}"
+    assert all(len(reason) >= 20 for reason in NO_ASSERT.values())
+    assert _asserts("for i in x:\n    assert i\n") and not _asserts("x = 1  # assert nothing\n")
 
 
 def _runnable(page: str):

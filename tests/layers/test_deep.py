@@ -390,6 +390,30 @@ def test_fit_with_natural_gradients_on_the_last_layer_only():
 
 
 @pytest.mark.float64
+def test_fit_a_length_one_natural_step_lands_the_last_layer_on_its_dense_optimum():
+    """What ``fit``'s natural step on the last layer must do: with a deterministic hidden layer (identity mean,
+    kernel variance 1e-14: its output is X to 1e-7), the full batch and the hyperparameters held (Adam at lr 1e-12),
+    one step of length 1 puts the last layer's q(u) at the optimum computed densely at the inputs X and the noise
+    before the step (Hensman, Fusi, Lawrence 2013, section 2; the noise takes its own step from the same gradients)."""
+    X, y = _data(N=30)
+    hidden = ps.SVGP(RBF(2, variance=torch.tensor(1e-14)), X[:4].clone(), num_outputs=2, mean_function=Identity(),
+                     name="hidden")
+    last = ps.SVGP(RBF(2, lengthscale=torch.tensor(0.8)), X[4:10].clone(), ps.Gaussian(0.05), name="last")
+    dgp = DeepGP([hidden, last])
+    with torch.no_grad():
+        k, s2 = last.kernel, last.likelihood.noise.clone()
+        Kuu, Kuf = k(last.Z), k(last.Z, X)
+        Sigma = torch.linalg.inv(Kuu + Kuf @ Kuf.mT / s2)
+        Li = torch.linalg.inv(torch.linalg.cholesky(Kuu))  # whitened: v = Luu^{-1} u
+        m, S = Li @ Kuu @ Sigma @ Kuf @ y / s2, Li @ Kuu @ Sigma @ Kuu @ Li.mT
+    assert not torch.allclose(last.q_u.u_loc, m, atol=1e-2)  # the step has work to do
+    ps.infer.fit(dgp, X, y, num_steps=1, batch_size=len(X), lr=1e-12, natgrad_lr=1.0, finish=None, progress=False)
+    L = last.q_u.u_scale_tril.detach()
+    torch.testing.assert_close(last.q_u.u_loc.detach(), m, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(L @ L.mT, S, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.float64
 def test_deep_solvegp_natural_gradients_train_the_last_layers_q_u_and_q_v():
     """A SOLVE-GP last layer takes natural-gradient steps on q(u) and q(v⊥) (and the noise its Fisher-scoring
     step); in a one-layer stack with frozen kernel hyperparameters (lr tiny) and the full batch they converge to the

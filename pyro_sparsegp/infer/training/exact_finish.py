@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 
 import torch
 
@@ -151,12 +152,13 @@ def _statistics(layer, batches):
     for X, y in batches:
         X, y = layer.check_inputs(X, y)
         A, chols, resid = _features(layer, X)
-        Phi = torch.cat(A, dim=-2)  # [(L,) K, B]
+        # the products in float64: Phi Phi^T of float32 features summed in float32 is not positive semi-definite
+        # (round-off of 1e-8 of its norm), which a noise near zero turns into an indefinite precision
+        Phi = torch.cat(A, dim=-2).double()  # [(L,) K, B]
         yt = _targets(layer, y).to(Phi.dtype)  # [(L,) B]
         seen = ~torch.isnan(yt)  # missing outputs (NaN) count nowhere: each output sums its observed rows
-        yt, Phi, resid = yt.nan_to_num(0.0), Phi * seen.unsqueeze(-2), resid * seen
+        yt, Phi, resid = yt.nan_to_num(0.0), Phi * seen.unsqueeze(-2), resid.double() * seen
         parts = (Phi @ Phi.mT, (Phi @ yt.unsqueeze(-1)).squeeze(-1), yt.pow(2).sum(-1), resid.clamp(min=0).sum(-1))
-        parts = [p.double() for p in parts]
         G, b, s, t = parts if G is None else [old + new for old, new in zip((G, b, s, t), parts, strict=True)]
         n, obs = n + X.shape[-2], obs + int(seen.sum())
     if G is None:
@@ -277,21 +279,25 @@ def exact_finish_(svgp, batches, num_data: int | None = None, max_iter: int = 50
     low = float(getattr(svgp.likelihood._pyro_params.get("noise", (None,))[0], "lower_bound", 0.0) or 0.0)
     info = torch.finfo(svgp.likelihood.noise.dtype)  # inside the constraint's support (greater_than(1e-4)) once cast
     low = low * (1 + 8 * info.eps) + info.tiny
-    m, S = _optimum(P, G, b, noise)
+    m, S = _optimum(P, G, b, noise)  # a LinAlgError here leaves the module as it was
     steps = 0
     while lik is not None and steps < max_iter:  # the noise's objective given q is unimodal: clamping is its optimum
         new = ((_expected_residual(G, b, s, m, S) + t).sum() / count).clamp(min=low)
+        try:
+            m_new, S_new = _optimum(P, G, b, new)
+        except torch.linalg.LinAlgError:  # a noise near zero (noise-free data): the last alternation that factorised
+            break  # stands (each one raised the bound)
         steps += 1
         change = float((new - noise).abs() / noise)
-        noise = new
-        m, S = _optimum(P, G, b, noise)
+        noise, m, S = new, m_new, S_new
         if change < tol:
             break
+    factors = [torch.linalg.cholesky(Si) for Si in S]  # all factorised before anything is written
     i = 0
-    for q, Si in zip(_families(svgp), S, strict=True):
-        k = Si.shape[-1]
+    for q, Li in zip(_families(svgp), factors, strict=True):
+        k = Li.shape[-1]
         dtype = q.u_loc.dtype
-        q.set(m[..., i: i + k].to(dtype), torch.linalg.cholesky(Si).to(dtype))
+        q.set(m[..., i: i + k].to(dtype), Li.to(dtype))
         i += k
     if lik is not None:
         _set_constrained(lik, "noise", lik.noise_unconstrained, noise.to(lik.noise_unconstrained.dtype))
@@ -334,7 +340,9 @@ def finish_run(module, source, num_data: int, show: bool) -> None:
     :class:`~pyro_sparsegp.infer.training.batches.BatchSource`), with a line on ``stderr`` where
     progress is shown (a pass over a large data set takes a while after the bar's 100%): the rows it saw, which for
     a loader (a ``drop_last`` one, or a shard per rank) may be fewer than ``num_data``, scaled up to it. The batches
-    are ``(X [B, D], y [B] or [B, L])``; nothing is returned (Titsias 2009's optimum is written into ``module``)."""
+    are ``(X [B, D], y [B] or [B, L])``; nothing is returned (Titsias 2009's optimum is written into ``module``).
+    Where the optimum cannot be factorised even in float64 (no such case is known since the statistics are summed in
+    float64), a ``RuntimeWarning`` says so and the module keeps the trained state: the run is not lost."""
     start, rows = time.perf_counter(), [0]
 
     def counted(batches):
@@ -342,7 +350,13 @@ def finish_run(module, source, num_data: int, show: bool) -> None:
             rows[0] += Xb.shape[0]
             yield Xb, yb
 
-    exact_finish_(module, counted(source.one_pass()), num_data=num_data)
+    try:
+        exact_finish_(module, counted(source.one_pass()), num_data=num_data)
+    except torch.linalg.LinAlgError as exc:  # the run is never lost at its last line: the trained state stands
+        warnings.warn(f"fit: no exact finish: its {num_data}-point optimum could not be factorised in float64 "
+                      f"({str(exc).splitlines()[0][:120]}); the module keeps the state the training left",
+                      RuntimeWarning, stacklevel=3)
+        return
     if show:
         rank = " on this rank" if source.world_size > 1 else ""  # X, y or a dataset: the ranks' blocks cover N
         seen = (f"on all {num_data} points" if source.loader is None or rows[0] == num_data else

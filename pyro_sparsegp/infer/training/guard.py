@@ -3,9 +3,10 @@ deferred on an accelerator.
 
 * Every step's loss, and a number that is finite exactly when the loss and every gradient are, are kept on the
   device and read back every ``sync_every`` steps (a *window*): one host read per window.
-* A non-finite loss or gradient, or an error that a non-finite or overflowing parameter caused (a failed
-  factorisation, a validation error naming ``nan``/``inf``), restores the copy of the parameters taken at the start
-  of the window (or of the previous one) and raises :class:`NonFiniteLossError` naming the step.
+* A non-finite loss or gradient, or an error that a non-finite, overflowing or underflowing parameter caused (a failed
+  factorisation, a validation error naming ``nan``/``inf``, a distribution parameter outside its support such as a
+  noise driven to 0), restores the copy of the parameters taken at the start of the window (or of the previous one)
+  and raises :class:`NonFiniteLossError` naming the step.
 * On every device but the CPU the steps' own checks are deferred (:mod:`pyro_sparsegp.deferred`): their flags are
   read with the losses, and a window in which a Cholesky factorisation failed (or a kernel's product form was
   inexact) is **redone** from its start with ten times the jitter (or the exact differences), Adam's moments
@@ -49,7 +50,11 @@ class NonFiniteLossError(FloatingPointError):
         self.step, self.loss, self.restored_step, self.state = step, loss, restored_step, state
 
 
-_NUMERICAL = re.compile(r"\bnan\b|\binf\b|infinit|positive.definite|non-?finite|overflow", re.IGNORECASE)
+# a failure message that names a non-finite or overflowing value, a failed factorisation, or a distribution parameter
+# outside its support (torch's "Expected parameter scale ... to satisfy the constraint GreaterThan(0)": a noise driven
+# to 0 by an underflowing raw parameter; the data's own checks say "Expected value argument")
+_NUMERICAL = re.compile(r"\bnan\b|\binf\b|infinit|positive.definite|non-?finite|overflow|"
+                        r"Expected parameter \w+ .*to satisfy the constraint", re.IGNORECASE | re.DOTALL)
 
 
 def _non_finite_state(module) -> bool:

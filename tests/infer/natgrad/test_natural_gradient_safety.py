@@ -251,29 +251,39 @@ def test_fit_average_writes_the_polyak_average_of_natural_parameters_and_noise()
 
 
 def test_natural_gradient_optimiser_average_matches_an_independent_average():
-    """``NaturalGradient(average_from=k)`` + ``write_average()``: the same average, kept by the optimiser itself."""
+    """``NaturalGradient(average_from=k, num_obs=N)`` + ``write_average()``: the families (two layers' ``q(u)``) end
+    at the average of their natural parameters and the noises (stepped by Fisher scoring, since ``num_obs`` is given)
+    at the average of their variances over the iterates after steps ``k, k+1, ...``, computed here from the iterates
+    recorded after each step; the last iterates differ from those averages by far more than the tolerance, so an
+    optimiser that left either unaveraged would fail."""
     X, y = _regression(N=60)
-    gp = _svgp(X)
+    gps = [_svgp(X), _svgp(X, noise=0.3)]
     opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.3, average_from=3, num_obs=len(X))
     assert not opt.write_average()  # nothing averaged yet
-    params = list(gp.parameters())
+    params = [p for gp in gps for p in gp.parameters()]
     seen = []
     g = torch.Generator(torch.get_default_device()).manual_seed(1)
     for k in range(8):
         for p in params:
             p.grad = None
         idx = torch.randperm(len(X), generator=g)[:10]
-        (-gp.analytic_elbo(X[idx], y[idx], num_data=len(X))).backward()
+        sum(-gp.analytic_elbo(X[idx], y[idx], num_data=len(X)) for gp in gps).backward()
         opt(params)
         if k >= 3:
-            seen.append(IterateAverage.natural(gp.q_u))
+            seen.append([(*IterateAverage.natural(gp.q_u), gp.likelihood.noise.detach().double().clone())
+                         for gp in gps])
+    last = [(gp.q_u.u_loc.detach().double().clone(), gp.likelihood.noise.item()) for gp in gps]
     assert opt.write_average()
-    eta, prec = (sum(s[i] for s in seen) / len(seen) for i in (0, 1))
-    S = torch.linalg.inv(prec)
     tol = 1e-8 if torch.get_default_dtype() == torch.float64 else 1e-4
-    assert torch.allclose(gp.q_u.u_loc.double(), S @ eta, rtol=tol * 10, atol=tol)
-    Lf = gp.q_u.u_scale_tril.double()
-    assert torch.allclose(Lf @ Lf.mT, S, rtol=tol * 10, atol=tol)
+    for i, gp in enumerate(gps):
+        eta, prec, noise = (sum(s[i][j] for s in seen) / len(seen) for j in (0, 1, 2))
+        S = torch.linalg.inv(prec)
+        assert torch.allclose(gp.q_u.u_loc.double(), S @ eta, rtol=tol * 10, atol=tol)
+        Lf = gp.q_u.u_scale_tril.double()
+        assert torch.allclose(Lf @ Lf.mT, S, rtol=tol * 10, atol=tol)
+        assert gp.likelihood.noise.item() == pytest.approx(noise.item(), rel=tol * 10)
+        # the averages are not the last iterates: the checks above could see a missing average
+        assert (last[i][0] - S @ eta).abs().max() > 1e3 * tol and abs(last[i][1] / noise.item() - 1) > 1e3 * tol
 
 
 def test_iterate_average_rewind_drops_a_redone_window():
