@@ -17,7 +17,7 @@ gains 0.01, kin8nm loses 0.02, elevators gains 0.04 and kin40k 0.08 (bike's targ
 fitted with R^2 = 1.000; pol's takes 11 values). It is large enough that minibatches matter, and
 ``time_to_accuracy.py`` already runs it homoscedastic.
 
-Defaults: mcycle 10 splits, M = 32, 1500 full-batch steps; protein 3 splits, M = 64, 2000 steps of 1024 (50 epochs);
+Defaults: mcycle 10 splits, M = 32, 1000 full-batch steps; protein 3 splits, M = 64, 2000 steps of 1024 (50 epochs);
 sized for a shared 2-core CPU.
 
 Setting (every GP): inputs and targets standardised with the training statistics; M inducing inputs drawn from the
@@ -61,7 +61,7 @@ from pyro_sparsegp.datasets import load_mcycle, standardize
 
 LR, NGD_LR, NOISE = 0.01, 0.1, 0.1
 DEFAULTS = {  # dataset: (splits, M, steps, batch)
-    "mcycle": ("0-9", 32, 1500, 1024),
+    "mcycle": ("0-9", 32, 1000, 1024),
     "protein": ("0-2", 64, 2000, 1024),
 }
 
@@ -214,7 +214,7 @@ def config(argv=None) -> argparse.Namespace:
     p = parser(__doc__)
     p.add_argument("--datasets", default=None, help="comma-separated: mcycle, protein (default both)")
     p.add_argument("--splits", default=None, help="e.g. 0-9 (default: mcycle 0-9, protein 0-2)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: mcycle 1500, protein 2000)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: mcycle 1000, protein 2000)")
     p.add_argument("--M", type=int, default=None, help="inducing points (default: mcycle 32, protein 64)")
     p.add_argument("--batch", type=int, default=1024, help="minibatch size (mcycle: always the full batch)")
     p.add_argument("--every", type=int, default=None, help="steps between test evaluations (default 50)")
