@@ -154,8 +154,7 @@ def run_gpytorch(task: Task, cfg, ngd: bool = False) -> rd.Trace:
 def run_gpytorch_het(task: Task, cfg, ngd: bool = False) -> rd.Trace:
     lik = het_likelihood()
     model = rd.gpytorch_model(task.Z, mean="constant", latents=2, natural=ngd)
-    with torch.no_grad():
-        model.mean_module.constant.copy_(torch.tensor([0.0, 0.5 * math.log(NOISE)]))
+    model.mean_module.constant = torch.tensor([0.0, 0.5 * math.log(NOISE)])  # f: 0; g: log sd of noise 0.1
     opts = rd.gpytorch_optimizers(model, lik, len(task.X), LR, NGD_LR if ngd else None)
 
     def evaluate():
