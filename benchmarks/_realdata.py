@@ -1,0 +1,286 @@
+"""Shared parts of the real-data benchmarks against the peers (``counts_nmes.py``, ``heteroscedastic.py``,
+``multioutput_weather.py``): the method table with its hooks, the training clock with test evaluations, the
+Gauss-Hermite predictive densities every method is scored with, GPyTorch's approximate GPs and their training loop,
+and the rows.
+
+A method is a :class:`Method`: a function ``run(task, cfg) -> Trace``, its library, the method whose final test NLPD
+is its target (``peer``) and ``needs``, which returns ``None`` when the method can run on this branch or a reason
+(e.g. ``"ps.Poisson is not on this branch"``) when it cannot; such a method is reported, not run. Each script's
+``METHODS`` table lists them; the models of ours that other branches add plug in as hooks there.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+ROW_KEYS = ("dataset", "split", "method", "library", "test_nlpd", "rmse", "time_s", "time_to_peer_s", "steps", "M")
+
+
+@dataclass
+class Method:
+    run: object  # run(task, cfg) -> Trace
+    library: str  # "gpytorch", "pyro_sparsegp", "torch" (the GLMs)
+    peer: str | None = None  # the method whose final test NLPD this one is timed to
+    needs: object = None  # () -> None when runnable here, else the reason it is not
+    note: str = ""
+
+    def missing(self) -> str | None:
+        return None if self.needs is None else self.needs()
+
+
+def needs_attr(obj, name: str, label: str):
+    """A ``needs`` check: ``None`` when ``obj`` has ``name``, else ``"<label> is not on this branch"``."""
+    return lambda: None if hasattr(obj, name) else f"{label} is not on this branch"
+
+
+@dataclass
+class Trace:
+    """Training clock with test evaluations every ``every`` steps, whose time is excluded: ``points`` holds
+    ``(step, seconds, metrics)`` with ``metrics`` a dict (``test_nlpd``, and ``rmse`` where it applies)."""
+
+    evaluate: object
+    every: int
+    points: list = field(default_factory=list)
+    step: int = 0
+    excluded: float = 0.0
+    start: float = field(default_factory=time.perf_counter)
+
+    def tick(self, final: bool = False) -> None:
+        self.step += 1
+        if self.step % self.every == 0 or final:
+            self.record()
+
+    def record(self) -> None:
+        """An evaluation now (at the current step), its time left off the clock."""
+        t = time.perf_counter()
+        clock = t - self.start - self.excluded
+        with torch.no_grad():
+            metrics = self.evaluate()
+        self.points.append((self.step, clock, metrics))
+        self.excluded += time.perf_counter() - t
+
+    @property
+    def final(self) -> dict:
+        return self.points[-1][2]
+
+    @property
+    def seconds(self) -> float:
+        return self.points[-1][1]
+
+
+def reach(trace: Trace, target: float) -> float | None:
+    """Training seconds at the first evaluation whose test NLPD is at most ``target`` (``None``: never)."""
+    for _, clock, m in trace.points:
+        if m["test_nlpd"] <= target:
+            return clock
+    return None
+
+
+def gauss_hermite(n: int = 64, dtype=None):
+    """Nodes ``x [n]`` and weights ``w [n]`` (summing to 1) of ``E[g(x)], x ~ N(0, 1)``."""
+    x, w = np.polynomial.hermite_e.hermegauss(n)
+    dtype = dtype or torch.get_default_dtype()
+    return torch.as_tensor(x, dtype=dtype), torch.as_tensor(w / w.sum(), dtype=dtype)
+
+
+def predictive(make_dist, y, mean, var, n: int = 64):
+    """Log predictive density ``log ∫ p(y|f) N(f; mean, var) df`` ``[T]`` and predictive mean ``E[y]`` ``[T]`` of an
+    element-wise likelihood, ``make_dist(f [T, n])`` a torch distribution of ``y``, by ``n``-point Gauss-Hermite
+    quadrature (the same for every library: each is scored by its own likelihood, not its own predictive code)."""
+    x, w = gauss_hermite(n, mean.dtype)
+    f = mean.unsqueeze(-1) + var.clamp_min(0).sqrt().unsqueeze(-1) * x  # [T, n]
+    d = make_dist(f)
+    lp = torch.logsumexp(d.log_prob(y.unsqueeze(-1)) + w.log(), -1)
+    return lp, (d.mean * w).sum(-1)
+
+
+def split_rows(runs: dict, methods: dict, info: dict) -> list[dict]:
+    """One row per run of a cell (``info``: ``dataset``, ``split``, ``M``): final test NLPD (and RMSE), training
+    seconds, steps, and ``time_to_peer_s``, the training time at which the run first reached its peer's final test
+    NLPD (``None``: never; the peer's own is its time to its own final value); ``curve``: ``[[step, seconds,
+    test_nlpd], ...]`` at every evaluation."""
+    rows = []
+    for name, tr in runs.items():
+        m = methods[name]
+        peer = runs.get(m.peer or name)
+        target = None if peer is None else peer.final["test_nlpd"]
+        row = {**info, "method": name, "library": m.library, "test_nlpd": tr.final["test_nlpd"],
+               "rmse": tr.final.get("rmse"), "time_s": tr.seconds,
+               "time_to_peer_s": None if target is None else reach(tr, target), "steps": tr.points[-1][0],
+               "peer": m.peer or name, "peer_nlpd": target,
+               "curve": [[step, clock, m["test_nlpd"]] for step, clock, m in tr.points]}
+        rows.append({k: v for k, v in row.items() if v is not None or k in ROW_KEYS})
+    return rows
+
+
+def summarize(rows: list[dict], keys=("dataset", "method")) -> list[dict]:
+    """Mean and standard error over splits of ``test_nlpd`` (and ``rmse``), mean ``time_s`` and the number of splits
+    that reached the peer (``reached``), per ``keys``."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        s = dict(zip(keys, key, strict=True)) | {"library": rs[0]["library"], "splits": len(rs)}
+        for k in ("test_nlpd", "rmse"):
+            v = [r[k] for r in rs if r.get(k) is not None]
+            if v:
+                s[k] = float(np.mean(v))
+                s[k + "_se"] = float(np.std(v, ddof=1) / math.sqrt(len(v))) if len(v) > 1 else 0.0
+        s["time_s"] = float(np.mean([r["time_s"] for r in rs]))
+        reached = [r["time_to_peer_s"] for r in rs if r["time_to_peer_s"] is not None]
+        s["reached"] = f"{len(reached)}/{len(rs)}"
+        s["time_to_peer_s"] = float(np.median(reached)) if reached else None
+        out.append(s)
+    return out
+
+
+def run_methods(methods: dict, names: list[str], task, cfg, log=print) -> dict:
+    """Run the runnable ``names`` of ``methods`` on ``task``; a method that cannot run here is reported once."""
+    runs = {}
+    for name in names:
+        reason = methods[name].missing()
+        if reason:
+            if name not in run_methods.reported:
+                log(f"# {name}: not run ({reason}); its hook is in METHODS")
+                run_methods.reported.add(name)
+            continue
+        torch.manual_seed(cfg.seed)
+        runs[name] = methods[name].run(task, cfg)
+        m = runs[name].final
+        log(f"#   {task.name} split {task.split} {name:18s} test NLPD {m['test_nlpd']:.4f}"
+            + (f", RMSE {m['rmse']:.4f}" if m.get("rmse") is not None else "")
+            + f", {runs[name].seconds:.1f} s, {runs[name].points[-1][0]} steps", flush=True)
+    return runs
+
+
+run_methods.reported = set()
+
+
+def parse_splits(text: str) -> list[int]:
+    """``"0-9"`` or ``"0,3,5"`` -> the list of split numbers."""
+    if "-" in text:
+        a, b = text.split("-")
+        return list(range(int(a), int(b) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def random_split(n: int, seed: int, test_fraction: float = 0.1):
+    """``(train, test)`` index arrays of a random split of ``n`` rows (``numpy.random.default_rng(seed)``)."""
+    perm = np.random.default_rng(seed).permutation(n)
+    n_test = max(1, round(test_fraction * n))
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def inducing_subset(X: torch.Tensor, M: int, seed: int) -> torch.Tensor:
+    """``M`` distinct training inputs ``[M, D]`` drawn at random (seed ``seed``): the same initial Z for everyone."""
+    g = torch.Generator().manual_seed(seed)
+    return X[torch.randperm(len(X), generator=g)[: min(M, len(X))]].clone()
+
+
+# -- GPyTorch -----------------------------------------------------------------------------------------------------
+def gpytorch_model(Z: torch.Tensor, mean: str = "zero", latents: int | None = None, tasks: int | None = None,
+                   lmc: bool = False, natural: bool = False, lengthscale: float = 1.0, outputscale: float = 1.0):
+    """GPyTorch's ``ApproximateGP`` as its docs build it: ``VariationalStrategy`` with a Cholesky (``natural``:
+    ``NaturalVariationalDistribution``) q(u) over ``Z [M, D]``, ``ScaleKernel(RBFKernel(ard))``, a ``mean`` of
+    ``"zero"``, ``"constant"`` or ``"linear"`` (initial lengthscales ``lengthscale``, variance ``outputscale``).
+    With ``latents`` = Q: Q independent GPs (batch ``[Q]``, Z repeated), wrapped in
+    ``IndependentMultitaskVariationalStrategy`` (``tasks`` = Q) or, with ``lmc``,
+    ``LMCVariationalStrategy(num_tasks=tasks, num_latents=Q)`` (the SVGP multitask tutorial)."""
+    import gpytorch
+
+    V = gpytorch.variational
+    batch = torch.Size([]) if latents is None else torch.Size([latents])
+    D = Z.shape[-1]
+
+    class Model(gpytorch.models.ApproximateGP):
+        def __init__(self):
+            Zb = Z.clone() if latents is None else Z.expand(latents, *Z.shape).clone()
+            dist = (V.NaturalVariationalDistribution if natural else V.CholeskyVariationalDistribution)(
+                Z.shape[0], batch_shape=batch)
+            s = V.VariationalStrategy(self, Zb, dist, learn_inducing_locations=True)
+            if latents is not None:
+                s = (V.LMCVariationalStrategy(s, num_tasks=tasks, num_latents=latents, latent_dim=-1) if lmc
+                     else V.IndependentMultitaskVariationalStrategy(s, num_tasks=latents))
+            super().__init__(s)
+            self.mean_module = {"zero": lambda: gpytorch.means.ZeroMean(batch_shape=batch),
+                                "constant": lambda: gpytorch.means.ConstantMean(batch_shape=batch),
+                                "linear": lambda: gpytorch.means.LinearMean(D, batch_shape=batch)}[mean]()
+            self.covar_module = gpytorch.kernels.ScaleKernel(
+                gpytorch.kernels.RBFKernel(ard_num_dims=D, batch_shape=batch), batch_shape=batch)
+            self.covar_module.base_kernel.lengthscale = lengthscale
+            self.covar_module.outputscale = outputscale
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    return Model()
+
+
+def gpytorch_optimizers(model, likelihood, num_data: int, lr: float, ngd_lr: float | None):
+    """Adam (``lr``) on everything, or GPyTorch's NGD recipe (``ngd_lr``: ``gpytorch.optim.NGD`` on q(u), Adam on
+    the hyperparameters and the likelihood)."""
+    import gpytorch
+
+    if ngd_lr is None:
+        return [torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=lr)]
+    return [gpytorch.optim.NGD(model.variational_parameters(), num_data=num_data, lr=ngd_lr),
+            torch.optim.Adam([{"params": model.hyperparameters()}, {"params": likelihood.parameters()}], lr=lr)]
+
+
+def gpytorch_train(model, likelihood, X, y, steps: int, batch_size: int, trace: Trace, opts, seed: int = 0,
+                   mll=None) -> Trace:
+    """The loop of GPyTorch's examples: shuffled minibatches (full batch when ``batch_size >= N``), zero the
+    optimisers, ``-VariationalELBO``, backward, step; ``trace.tick`` after each step (the last one evaluated)."""
+    import gpytorch
+
+    mll = mll or gpytorch.mlls.VariationalELBO(likelihood, model, num_data=len(X))
+    model.train()
+    likelihood.train()
+    g = torch.Generator().manual_seed(seed)
+    perm, pos = torch.randperm(len(X), generator=g), 0
+    for s in range(steps):
+        if batch_size >= len(X):
+            idx = slice(None)
+        else:
+            if pos + batch_size > len(X):
+                perm, pos = torch.randperm(len(X), generator=g), 0
+            idx, pos = perm[pos : pos + batch_size], pos + batch_size
+        for opt in opts:
+            opt.zero_grad()
+        loss = -mll(model(X[idx]), y[idx])
+        loss.backward()
+        for opt in opts:
+            opt.step()
+        trace.tick(final=s == steps - 1)
+    return trace
+
+
+def gpytorch_eval(model, likelihood, fn):
+    """``fn()`` with the model and likelihood in eval mode (back to train mode after), exact predictive variances."""
+    import gpytorch
+
+    model.eval()
+    likelihood.eval()
+    try:
+        with gpytorch.settings.fast_pred_var(False):
+            return fn()
+    finally:
+        model.train()
+        likelihood.train()
+
+
+# -- ours ---------------------------------------------------------------------------------------------------------
+def ours_fit(gp, X, y, steps: int, batch_size: int, trace: Trace, lr: float = 0.01, **kw) -> Trace:
+    """``pyro_sparsegp.infer.fit`` with its defaults (``lr``, natural gradients ``"auto"``, ``finish="auto"``), the
+    trace ticking at every step; a last evaluation after ``fit`` returns (its exact finish, timed as training)."""
+    from pyro_sparsegp.infer import fit
+
+    fit(gp, X, y, num_steps=steps, batch_size=min(batch_size, len(X)), lr=lr, progress=False,
+        callback=lambda step, loss: trace.tick(), **kw)
+    trace.record()
+    return trace

@@ -1,0 +1,220 @@
+"""Count regression on NMES 1988 (issue 47, item 3): GPyTorch's SVGP with its Poisson and negative-binomial
+likelihoods (Adam, and its NGD recipe), Poisson and negative-binomial GLMs fitted by maximum likelihood, and ours
+(``ps.Poisson``, ``ps.NegativeBinomial``: hooks that run once those likelihoods are on the branch), on the 10 random
+90/10 splits of ``pyro_sparsegp.datasets.load_nmes1988``.
+
+    PYTHONPATH=. python benchmarks/counts_nmes.py [--quick] [--json PATH] [--splits 0-9] [--steps S] [--M M]
+        [--methods a,b,...] [--mean constant|linear]
+
+Setting: ``visits`` (physician office visits, 4,406 people, mean 5.8, variance 45: over-dispersed, 15 % zeros) on 17
+covariates (5 numeric, 12 dummies), inputs standardised with the training statistics, counts raw. Every GP has M
+inducing inputs drawn from the training inputs (the same for all), an RBF kernel with one lengthscale per input
+(initial lengthscales 1, variance 1), a constant prior mean (``--mean linear``: a linear one) started at the link's
+inverse of the training mean, q(u) whitened and at the prior, minibatches of ``--batch`` (1024) and ``--steps`` steps
+of Adam with learning rate 0.01 (GPyTorch's examples).
+
+* ``gpytorch_poisson`` / ``gpytorch_negbin``: ``ApproximateGP`` + ``CholeskyVariationalDistribution`` +
+  ``VariationalStrategy`` with ``PoissonLikelihood`` / ``NegativeBinomialLikelihood`` (gpytorch 1.15.2: mean
+  ``softplus(f)``; the negative binomial's success probability p is learned and shared, so its variance is
+  ``mean / (1 - p)``: an NB1 model), ``VariationalELBO`` (20-point Gauss-Hermite expected log-likelihood), Adam.
+* ``gpytorch_poisson_ngd`` / ``gpytorch_negbin_ngd``: the same models with GPyTorch's NGD recipe
+  (``NaturalVariationalDistribution``, ``gpytorch.optim.NGD`` with step 0.1 on q(u), Adam 0.01 on the rest; its docs
+  give it for any likelihood). They are the peers: every Poisson method is timed to ``gpytorch_poisson_ngd``'s final
+  test NLPD, every negative-binomial one to ``gpytorch_negbin_ngd``'s.
+* ``glm_poisson`` / ``glm_negbin``: log-linear GLMs (intercept + the 17 covariates) by full-batch L-BFGS (strong Wolfe)
+  on the mean negative log-likelihood; the negative binomial is NB2 (variance ``mu + alpha mu^2``, ``log alpha``
+  learned: Deb & Trivedi's 1997 negbin II). A GP with a constant mean should come close to them, one with a linear
+  mean should not lose.
+* ``ours_poisson`` / ``ours_negbin`` (hooks): ``ps.SVGP(RBF, Z, ps.Poisson() | ps.NegativeBinomial(),
+  mean_function=Constant(log mean))`` trained with ``ps.infer.fit`` defaults (``lr`` 0.01, the same steps and
+  minibatches); reported as not run while the likelihood is missing.
+
+Scoring (the same for all): ``test_nlpd``, the mean negative log predictive density of the test counts,
+``-log ∫ p(y|f) q(f) df`` by 64-point Gauss-Hermite quadrature over each model's q(f*) with its own likelihood (the
+GLMs: ``-log p(y | β̂)``); ``rmse``: of the predictive mean count. ``time_s``: training seconds (evaluations every
+``--every`` steps excluded); ``time_to_peer_s``: training seconds to the peer's final test NLPD.
+
+``--quick``: split 0, M = 8, 20 steps, GLMs at most 20 L-BFGS iterations.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import warnings
+from dataclasses import dataclass
+
+import _realdata as rd
+import torch
+from _common import machine_note, parser, setup, table, write_json
+
+import pyro_sparsegp as ps
+from pyro_sparsegp.datasets import load_nmes1988, standardize
+
+LR, NGD_LR = 0.01, 0.1
+
+
+@dataclass
+class Task:
+    name: str
+    split: int
+    X: torch.Tensor
+    y: torch.Tensor
+    Xt: torch.Tensor
+    yt: torch.Tensor
+    Z: torch.Tensor
+
+
+def load_task(split: int, M: int, seed: int = 0) -> Task:
+    s = load_nmes1988(split=split)
+    X, Xt, _, _ = standardize(s.X_train, s.X_test)
+    return Task("nmes1988", split, X, s.y_train, Xt, s.y_test, rd.inducing_subset(X, M, seed + split))
+
+
+# -- GLMs -----------------------------------------------------------------------------------------------------------
+def glm_distribution(eta, log_alpha=None):
+    """Poisson(exp(eta)), or NB2 with mean exp(eta) and variance mu + alpha mu^2 (total count 1/alpha)."""
+    if log_alpha is None:
+        return torch.distributions.Poisson(eta.exp())
+    r = (-log_alpha).exp()
+    return torch.distributions.NegativeBinomial(total_count=r, logits=eta - r.log())
+
+
+def run_glm(task: Task, cfg, negbin: bool) -> rd.Trace:
+    X1, Xt1 = (torch.cat([torch.ones(len(A), 1), A], 1) for A in (task.X, task.Xt))
+    beta = torch.zeros(X1.shape[1])
+    beta[0] = task.y.mean().log()
+    beta.requires_grad_(True)
+    params = [beta] + ([torch.zeros((), requires_grad=True)] if negbin else [])
+
+    def evaluate():
+        d = glm_distribution(Xt1 @ beta, *params[1:])
+        return {"test_nlpd": -d.log_prob(task.yt).mean().item(), "rmse": (d.mean - task.yt).pow(2).mean().sqrt().item()}
+
+    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=1, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = -glm_distribution(X1 @ beta, *params[1:]).log_prob(task.y).mean()
+        loss.backward()
+        return loss
+
+    trace, prev = rd.Trace(evaluate, 1), math.inf
+    for it in range(cfg.glm_iters):
+        loss = opt.step(closure).item()
+        done = abs(prev - loss) < 1e-12 * max(1.0, abs(loss)) or it == cfg.glm_iters - 1
+        trace.tick(final=done)
+        if done:
+            break
+        prev = loss
+    return trace
+
+
+# -- GPyTorch -------------------------------------------------------------------------------------------------------
+def run_gpytorch(task: Task, cfg, negbin: bool, ngd: bool = False) -> rd.Trace:
+    import gpytorch
+
+    lik = gpytorch.likelihoods.NegativeBinomialLikelihood() if negbin else gpytorch.likelihoods.PoissonLikelihood()
+    model = rd.gpytorch_model(task.Z, mean=cfg.mean, natural=ngd)
+    with torch.no_grad():  # softplus^-1 of the mean count: the prior mean's rate is the training mean
+        model.mean_module.initialize(**{"constant" if cfg.mean == "constant" else "bias":
+                                        task.y.mean().expm1().log()})
+    opts = rd.gpytorch_optimizers(model, lik, len(task.X), LR, NGD_LR if ngd else None)
+
+    def evaluate():
+        def go():
+            f = model(task.Xt)
+            lp, mean = rd.predictive(lik.forward, task.yt, f.mean, f.variance)
+            return {"test_nlpd": -lp.mean().item(), "rmse": (mean - task.yt).pow(2).mean().sqrt().item()}
+
+        return rd.gpytorch_eval(model, lik, go)
+
+    return rd.gpytorch_train(model, lik, task.X, task.y, cfg.steps, cfg.batch, rd.Trace(evaluate, cfg.every), opts,
+                          seed=cfg.seed)
+
+
+# -- ours (hooks: ps.Poisson and ps.NegativeBinomial come from the likelihood branches) ------------------------------
+def run_ours(task: Task, cfg, likelihood) -> rd.Trace:
+    from pyro.contrib.gp.kernels import RBF
+
+    from pyro_sparsegp.mean_functions import Constant, Linear
+
+    D = task.X.shape[1]
+    log_mean = task.y.mean().log()  # the log link's inverse of the mean count
+    mean_fn = Constant(1, log_mean) if cfg.mean == "constant" else Linear(D, 1, b=log_mean.reshape(1))
+    gp = ps.SVGP(RBF(D, lengthscale=torch.ones(D)), task.Z.clone(), likelihood, mean_function=mean_fn)
+
+    def evaluate():
+        mean, var = gp.predict(task.Xt)
+        lp, pmean = rd.predictive(gp.likelihood.distribution, task.yt, mean, var)
+        return {"test_nlpd": -lp.mean().item(), "rmse": (pmean - task.yt).pow(2).mean().sqrt().item()}
+
+    return rd.ours_fit(gp, task.X, task.y, cfg.steps, cfg.batch, rd.Trace(evaluate, cfg.every), lr=LR)
+
+
+METHODS = {
+    "glm_poisson": rd.Method(lambda t, c: run_glm(t, c, False), "torch", peer="gpytorch_poisson_ngd"),
+    "glm_negbin": rd.Method(lambda t, c: run_glm(t, c, True), "torch", peer="gpytorch_negbin_ngd"),
+    "gpytorch_poisson": rd.Method(lambda t, c: run_gpytorch(t, c, False), "gpytorch", peer="gpytorch_poisson_ngd"),
+    "gpytorch_poisson_ngd": rd.Method(lambda t, c: run_gpytorch(t, c, False, ngd=True), "gpytorch"),
+    "gpytorch_negbin": rd.Method(lambda t, c: run_gpytorch(t, c, True), "gpytorch", peer="gpytorch_negbin_ngd"),
+    "gpytorch_negbin_ngd": rd.Method(lambda t, c: run_gpytorch(t, c, True, ngd=True), "gpytorch"),
+    # hooks: ps.Poisson and ps.NegativeBinomial come from the likelihood branches
+    "ours_poisson": rd.Method(lambda t, c: run_ours(t, c, ps.Poisson()), "pyro_sparsegp", peer="gpytorch_poisson_ngd",
+                              needs=rd.needs_attr(ps, "Poisson", "ps.Poisson")),
+    "ours_negbin": rd.Method(lambda t, c: run_ours(t, c, ps.NegativeBinomial()), "pyro_sparsegp",
+                             peer="gpytorch_negbin_ngd",
+                             needs=rd.needs_attr(ps, "NegativeBinomial", "ps.NegativeBinomial")),
+}
+
+
+def config(argv=None) -> argparse.Namespace:
+    p = parser(__doc__)
+    p.add_argument("--splits", default=None, help="splits of load_nmes1988, e.g. 0-9 (default) or 0,3")
+    p.add_argument("--steps", type=int, default=None, help="training steps of every GP (default 2000)")
+    p.add_argument("--M", type=int, default=None, help="inducing points (default 64)")
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--every", type=int, default=None, help="steps between test evaluations (default 50)")
+    p.add_argument("--glm-iters", type=int, default=None, help="L-BFGS iterations at most (default 200)")
+    p.add_argument("--mean", choices=["constant", "linear"], default="constant", help="the GPs' prior mean")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated names of METHODS")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    a.splits = rd.parse_splits(a.splits or ("0" if a.quick else "0-9"))
+    a.steps = a.steps or (20 if a.quick else 2000)
+    a.M = a.M or (8 if a.quick else 64)
+    a.every = a.every or (10 if a.quick else 50)
+    a.glm_iters = a.glm_iters or (20 if a.quick else 200)
+    a.methods = a.methods.split(",")
+    unknown = set(a.methods) - set(METHODS)
+    if unknown:
+        p.error(f"--methods: unknown {sorted(unknown)}; choose from {list(METHODS)}")
+    return a
+
+
+def main(argv=None) -> list[dict]:
+    cfg = config(argv)
+    setup(cfg)
+    torch.set_default_dtype(torch.float64)
+    print(machine_note(torch.get_num_threads()))
+    warnings.filterwarnings("ignore")
+    rows = []
+    for split in cfg.splits:
+        task = load_task(split, cfg.M, cfg.seed)
+        print(f"# nmes1988 split {split}: {len(task.X)} train / {len(task.Xt)} test, D = {task.X.shape[1]}, "
+              f"M = {len(task.Z)}, {cfg.steps} steps of {min(cfg.batch, len(task.X))}", flush=True)
+        runs = rd.run_methods(METHODS, cfg.methods, task, cfg)
+        rows += rd.split_rows(runs, METHODS, {"dataset": "nmes1988", "split": split, "M": len(task.Z)})
+        write_json(cfg.json, rows) if cfg.json else None
+    print("\nNMES 1988 visits, per split (test NLPD per count; time_to_peer_s: training seconds to the peer's final "
+          "test NLPD):")
+    print(table(rows, ["split", "method", "library", "test_nlpd", "rmse", "time_s", "time_to_peer_s", "steps",
+                       "peer"]))
+    print("\nMean over splits (se: standard error; reached: splits on which the peer's final NLPD was reached):")
+    print(table(rd.summarize(rows), ["method", "library", "splits", "test_nlpd", "test_nlpd_se", "rmse", "time_s",
+                                  "reached", "time_to_peer_s"]))
+    write_json(cfg.json, rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

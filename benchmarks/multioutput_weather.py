@@ -1,0 +1,238 @@
+"""Multi-output regression with missing outputs (issue 47, item 3): hourly temperature at the three New York airports
+(``pyro_sparsegp.datasets.load_nyc_weather``), three days of one airport held out. GPyTorch's linear model of
+coregionalisation (``LMCVariationalStrategy``) and its independent multitask SVGP beside ours: independent outputs
+(``ps.SVGP(..., num_outputs=3)`` on the complete rows) and, as a hook that runs once LMC is on the branch,
+``ps.SVGP(kernel, Z, ps.Gaussian(), num_outputs=3, num_latents=Q)`` on ``y [N, 3]`` with NaN.
+
+    PYTHONPATH=. python benchmarks/multioutput_weather.py [--quick] [--json PATH] [--seeds 0-2] [--steps S] [--M M]
+        [--latents Q] [--variable temp|dewp] [--holdout JFK] [--methods a,b,...]
+
+Data (the loader's defaults): 28 days of January 2013 on an hourly grid (666 hours with a report), outputs EWR, JFK,
+LGA (NaN where an hour is missing, 1-2 per airport); the held-out block is JFK's January 15-17 (72 hours), NaN in
+training, the test set. Time in days from the window's start; each airport's temperature standardised with its
+observed training values. The held-out block is where the outputs' correlation matters: an independent model of JFK
+has to bridge three days from JFK alone, a coupled one reads them off EWR and LGA.
+
+Setting (every GP): M inducing times on an even grid over the window (the same for all, every latent process),
+RBF kernels (initial lengthscale 0.25 days, variance 1), noise variance 0.1, ``--steps`` steps on minibatches of
+``--batch`` rows (256: GPyTorch's multitask strategies form the minibatch's full covariance, so a full-batch step on
+the 666 rows costs 0.4 s on a busy CPU core), Adam learning rate 0.01; ``--seeds`` repeats the runs with other
+seeds (minibatch order; the data and its split are fixed).
+
+* ``gpytorch_lmc``: ``LMCVariationalStrategy(VariationalStrategy(batch Q), num_tasks=3, num_latents=Q)``, constant
+  means, a ``MultitaskGaussianLikelihood(num_tasks=3)`` (a noise per task plus a shared one), ``VariationalELBO``,
+  Adam; the missing entries are left out of the bound with GPyTorch's ``settings.observation_nan_policy("mask")``
+  (gpytorch >= 1.11: the Gaussian likelihoods' expected log-likelihood drops the NaN entries of the targets; checked
+  against a hand-written sum over the observed entries in ``tests/integration/test_benchmark_tables.py``), Adam.
+* ``gpytorch_lmc_ngd``: the same with GPyTorch's NGD recipe (``NaturalVariationalDistribution`` with batch Q, NGD
+  0.1 on the q(u) of the latent processes, Adam on the rest, the LMC coefficients included): the peer, every method
+  is timed to its final test NLPD.
+* ``gpytorch_indep``: the LMC model's settings with ``IndependentMultitaskVariationalStrategy`` (three independent GPs
+  with their own kernels and Z), Adam.
+* ``ours_indep``: ``ps.SVGP(RBF(1), Z, ps.Gaussian(0.1), num_outputs=3)`` (one kernel for the three outputs) on the
+  rows where all three airports are observed (the held-out hours drop out for every airport, which an independent
+  model does not miss), ``ps.infer.fit`` defaults.
+* ``ours_indep_each``: three single-output ``ps.SVGP(RBF(1), Z, ps.Gaussian(0.1))``, a kernel and a noise each (as
+  ``gpytorch_indep``), each on its airport's observed hours, ``fit`` one after another (the held-out airport's last;
+  ``steps`` counts the three fits' steps, the clock runs over all three).
+* ``ours_lmc`` (hook): ``ps.SVGP(RBF(1), Z, ps.Gaussian(0.1), num_outputs=3, num_latents=Q)`` on every row, NaN
+  entries masked out of the bound, ``ps.infer.fit`` defaults.
+
+Scoring on the held-out block, in degrees Fahrenheit: ``rmse`` of the predictive mean; ``test_nlpd``: mean
+``-log N(y; mean, var + noise)`` of the predictive marginals; ``time_s``, ``time_to_peer_s``: training seconds and
+those to ``gpytorch_lmc_ngd``'s final test NLPD (the held-out NLPD of a run wanders by ~0.05-0.3 from one evaluation
+to the next: three days of extrapolation hang on a few parameters, so read the curves too).
+
+``--quick``: seed 0, M = 16, Q = 2, 20 steps.
+"""
+from __future__ import annotations
+
+import argparse
+import warnings
+from dataclasses import dataclass
+
+import _realdata as rd
+import torch
+from _common import machine_note, parser, setup, table, write_json
+
+import pyro_sparsegp as ps
+from pyro_sparsegp.datasets import NYC_AIRPORTS, load_nyc_weather
+
+LR, NGD_LR, NOISE, LENGTHSCALE = 0.01, 0.1, 0.1, 0.25
+
+
+@dataclass
+class Task:
+    name: str
+    split: int  # the seed (the data's split is fixed)
+    X: torch.Tensor  # [N, 1] days
+    y: torch.Tensor  # [N, 3] standardised, NaN where missing
+    Xt: torch.Tensor  # [T, 1]
+    yt: torch.Tensor  # [T, 3] standardised, NaN except the held-out airport
+    Z: torch.Tensor  # [M, 1]
+    y_mean: torch.Tensor  # [3]
+    y_std: torch.Tensor  # [3]
+
+
+def load_task(cfg, seed: int) -> Task:
+    s = load_nyc_weather(variable=cfg.variable, holdout_airport=cfg.holdout)
+    X, Xt = s.X_train / 24, s.X_test / 24
+    mean = torch.stack([c[c.isfinite()].mean() for c in s.y_train.T])
+    std = torch.stack([c[c.isfinite()].std() for c in s.y_train.T])
+    Z = torch.linspace(X.min().item(), X.max().item(), cfg.M).unsqueeze(-1)
+    return Task(f"nyc_weather_{cfg.variable}", seed, X, (s.y_train - mean) / std, Xt, (s.y_test - mean) / std, Z,
+                mean, std)
+
+
+def metrics(task: Task, mean, var):
+    """RMSE (degrees F) and NLPD (per held-out value, in degrees F) of the predictive marginals ``N(mean, var)``
+    ``[T, 3]`` (standardised units) on the held-out entries."""
+    obs = task.yt.isfinite()
+    scale = task.y_std.expand_as(task.yt)[obs]
+    m, v, y = mean[obs], var[obs], task.yt[obs]
+    lp = torch.distributions.Normal(m, v.sqrt()).log_prob(y) - scale.log()
+    return {"test_nlpd": -lp.mean().item(), "rmse": ((m - y) * scale).pow(2).mean().sqrt().item()}
+
+
+# -- GPyTorch -------------------------------------------------------------------------------------------------------
+def run_gpytorch(task: Task, cfg, lmc: bool, ngd: bool = False) -> rd.Trace:
+    import gpytorch
+
+    Q = cfg.latents if lmc else 3
+    lik = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3)
+    lik.noise = NOISE / 2  # the shared noise; each task's adds as much: 0.1 in all
+    lik.task_noises = torch.full((3,), NOISE / 2)
+    model = rd.gpytorch_model(task.Z, mean="constant", latents=Q, tasks=3, lmc=lmc, natural=ngd,
+                              lengthscale=LENGTHSCALE)
+    opts = rd.gpytorch_optimizers(model, lik, len(task.X), LR, NGD_LR if ngd else None)
+
+    def evaluate():
+        def go():
+            pred = lik(model(task.Xt))  # MultitaskMultivariateNormal [T, 3] with the noise
+            return metrics(task, pred.mean, pred.variance)
+
+        return rd.gpytorch_eval(model, lik, go)
+
+    with gpytorch.settings.observation_nan_policy("mask"):
+        return rd.gpytorch_train(model, lik, task.X, task.y, cfg.steps, cfg.batch, rd.Trace(evaluate, cfg.every),
+                                 opts, seed=task.split)
+
+
+# -- ours -----------------------------------------------------------------------------------------------------------
+def _ours(task: Task, X, y, cfg, **kw) -> rd.Trace:
+    from pyro.contrib.gp.kernels import RBF
+
+    gp = ps.SVGP(RBF(1, lengthscale=torch.tensor(LENGTHSCALE)), task.Z.clone(), ps.Gaussian(noise=NOISE),
+                 num_outputs=3, **kw)
+
+    def evaluate():
+        _, _, pred = gp.predict(task.Xt, full=True)  # the predictive distribution of y* [T, 3]
+        return metrics(task, pred.mean, pred.variance)
+
+    return rd.ours_fit(gp, X, y, cfg.steps, cfg.batch, rd.Trace(evaluate, cfg.every), lr=LR, seed=task.split)
+
+
+def run_ours_indep(task: Task, cfg) -> rd.Trace:
+    complete = task.y.isfinite().all(-1)
+    return _ours(task, task.X[complete], task.y[complete], cfg)
+
+
+def run_ours_each(task: Task, cfg) -> rd.Trace:
+    """Three single-output SVGPs (a kernel and a noise each), each fitted to its airport's observed hours, one after
+    another with the held-out airport's last; one clock over the three, evaluations of the held-out airport's."""
+    from pyro.contrib.gp.kernels import RBF
+
+    held = int(task.yt.isfinite().any(0).nonzero()[0, 0])
+    gps = [ps.SVGP(RBF(1, lengthscale=torch.tensor(LENGTHSCALE)), task.Z.clone(), ps.Gaussian(noise=NOISE))
+           for _ in range(3)]
+
+    def evaluate():
+        mean, var = torch.zeros_like(task.yt), torch.ones_like(task.yt)  # only the held-out column is scored
+        _, _, pred = gps[held].predict(task.Xt, full=True)
+        mean[:, held], var[:, held] = pred.mean, pred.variance
+        return metrics(task, mean, var)
+
+    trace = rd.Trace(evaluate, cfg.every)
+    for j in sorted(range(3), key=lambda j: j == held):
+        obs = task.y[:, j].isfinite()
+        rd.ours_fit(gps[j], task.X[obs], task.y[obs, j], cfg.steps, cfg.batch, trace, lr=LR, seed=task.split)
+    return trace
+
+
+def run_ours_lmc(task: Task, cfg) -> rd.Trace:
+    """Hook: LMC (``num_latents``) with NaN entries masked out of the bound, from its branch."""
+    return _ours(task, task.X, task.y, cfg, num_latents=cfg.latents)
+
+
+def _has_lmc() -> str | None:
+    import inspect
+
+    return None if "num_latents" in inspect.signature(ps.SVGP).parameters else "ps.SVGP(num_latents=) is not on " \
+        "this branch"
+
+
+METHODS = {
+    "gpytorch_lmc": rd.Method(lambda t, c: run_gpytorch(t, c, lmc=True), "gpytorch", peer="gpytorch_lmc_ngd"),
+    "gpytorch_lmc_ngd": rd.Method(lambda t, c: run_gpytorch(t, c, lmc=True, ngd=True), "gpytorch"),
+    "gpytorch_indep": rd.Method(lambda t, c: run_gpytorch(t, c, lmc=False), "gpytorch", peer="gpytorch_lmc_ngd"),
+    "ours_indep": rd.Method(run_ours_indep, "pyro_sparsegp", peer="gpytorch_lmc_ngd"),
+    "ours_indep_each": rd.Method(run_ours_each, "pyro_sparsegp", peer="gpytorch_lmc_ngd"),
+    # hook: LMC (num_latents, NaN-masked y) comes from the multi-output branch
+    "ours_lmc": rd.Method(run_ours_lmc, "pyro_sparsegp", peer="gpytorch_lmc_ngd", needs=_has_lmc),
+}
+
+
+def config(argv=None) -> argparse.Namespace:
+    p = parser(__doc__)
+    p.add_argument("--seeds", default=None, help="e.g. 0-2 (default 0-2)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 2000)")
+    p.add_argument("--M", type=int, default=None, help="inducing times (default 128)")
+    p.add_argument("--latents", type=int, default=None, help="LMC latent processes Q (default 3)")
+    p.add_argument("--batch", type=int, default=256, help="minibatch rows")
+    p.add_argument("--variable", choices=["temp", "dewp"], default="temp")
+    p.add_argument("--holdout", choices=list(NYC_AIRPORTS), default="JFK", help="the airport of the held-out block")
+    p.add_argument("--every", type=int, default=None, help="steps between test evaluations (default 50)")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated names of METHODS")
+    a = p.parse_args(argv)
+    a.seeds = rd.parse_splits(a.seeds or ("0" if a.quick else "0-2"))
+    a.steps = a.steps or (20 if a.quick else 2000)
+    a.M = a.M or (16 if a.quick else 128)
+    a.latents = a.latents or (2 if a.quick else 3)
+    a.every = a.every or (10 if a.quick else 50)
+    a.methods = a.methods.split(",")
+    unknown = set(a.methods) - set(METHODS)
+    if unknown:
+        p.error(f"--methods: unknown {sorted(unknown)}; choose from {list(METHODS)}")
+    return a
+
+
+def main(argv=None) -> list[dict]:
+    cfg = config(argv)
+    setup(cfg)
+    torch.set_default_dtype(torch.float64)
+    print(machine_note(torch.get_num_threads()))
+    warnings.filterwarnings("ignore")
+    rows = []
+    for seed in cfg.seeds:
+        cfg.seed = seed
+        task = load_task(cfg, seed)
+        print(f"# nyc_weather {cfg.variable}, seed {seed}: {len(task.X)} hours x 3 airports "
+              f"({int(task.y.isnan().sum())} missing entries, {int(task.y.isfinite().all(-1).sum())} complete rows), "
+              f"{cfg.holdout} held out for {len(task.Xt)} hours; M = {cfg.M}, Q = {cfg.latents}, {cfg.steps} steps of "
+              f"{cfg.batch}",
+              flush=True)
+        runs = rd.run_methods(METHODS, cfg.methods, task, cfg)
+        rows += rd.split_rows(runs, METHODS, {"dataset": f"nyc_weather_{cfg.variable}", "split": seed, "M": cfg.M})
+        write_json(cfg.json, rows) if cfg.json else None
+    print(f"\nNYC weather, {cfg.holdout}'s held-out block (RMSE and NLPD per value in degrees F; time_to_peer_s: "
+          "training seconds to gpytorch_lmc_ngd's final test NLPD):")
+    print(table(rows, ["split", "method", "library", "test_nlpd", "rmse", "time_s", "time_to_peer_s", "steps"]))
+    print("\nMean over seeds:")
+    print(table(rd.summarize(rows), ["method", "library", "splits", "test_nlpd", "test_nlpd_se", "rmse", "time_s",
+                                     "reached", "time_to_peer_s"]))
+    write_json(cfg.json, rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
