@@ -129,3 +129,22 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="select per output"):
         select(X, 3, lambda A, B=None, diag=False: torch.ones(A.shape[0]) if diag else torch.ones(2, A.shape[0], 1))
     assert select(np.asarray(X.cpu()), 3, method="random").shape == (3, 2)
+
+
+def test_builders_take_the_greedy_start():
+    """``ps.deep.init_inducing`` and ``build_deep_gp(init="greedy_variance")`` give the greedy rows under the kernel
+    the first layer starts with; k-means and random rows are unchanged by the routing through ``select``."""
+    from pyro_sparsegp.deep import build_deep_gp, init_inducing
+    from pyro_sparsegp.inducing import kmeans
+    from pyro_sparsegp.likelihoods import Gaussian
+
+    X = torch.randn(80, 3)
+    k = RBF(3, lengthscale=torch.full((3,), 0.7), variance=torch.tensor(2.0))
+    idx, _ = greedy_variance(X, 9, k)
+    assert torch.equal(init_inducing(X, 9, "greedy_variance", kernel=k), X[idx])
+    dgp = build_deep_gp(X, [2], Gaussian(0.1), num_inducing=9, init="greedy_variance", lengthscale=0.7, variance=2.0)
+    assert torch.equal(dgp.layers[0].Z, X[idx])
+    expected = kmeans(X, 9, iters=50, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(init_inducing(X, 9), expected)
+    with pytest.raises(ValueError, match="method must be one of"):
+        init_inducing(X, 9, "grid")
