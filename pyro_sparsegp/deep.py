@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from pyro.contrib.gp import kernels as pk
 
-from .inducing.select import METHODS, select
+from .inducing.selection import METHODS, select
 from .inputs import as_tensor
 from .layers import SOLVEGP, SVGP
 from .layers.deep import DeepGP, sample_marginal
