@@ -61,7 +61,6 @@ from pyro_sparsegp.infer import fit
 
 B, LR, NGD_LR, NOISE = 1024, 0.01, 0.1, 0.1
 DEVICE = torch.device("cpu")
-STARTS = {"random": "random", "kmeans": "kmeans", "greedy": "greedy_variance"}  # --starts: ps.inducing.select's
 
 
 def metrics(mean, var, yt, y_std):
@@ -143,14 +142,25 @@ def run_gpytorch(X, y, Xt, yt, Z, steps, every, y_std, ngd=False):
     return trace
 
 
+def select_start(X, M, kernel, start):
+    """The inducing inputs ``[M, D]`` of a ``--starts`` name: ``kmeans`` or ``greedy`` (``ps.inducing.select``'s
+    k-means or greedy variance with its defaults), with a number of candidate rows appended (``greedy512``: among 512
+    random rows)."""
+    method = "greedy_variance" if start.startswith("greedy") else "kmeans"
+    digits = start.removeprefix("greedy").removeprefix("kmeans")
+    if not start.startswith(("greedy", "kmeans")) or not (digits == "" or digits.isdigit()):
+        raise SystemExit(f"unknown start {start!r}: random, kmeans, greedy, or kmeans/greedy with a number of rows")
+    return ps.inducing.select(X, M, kernel, method=method, **({"candidates": int(digits)} if digits else {}))
+
+
 def run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr="auto", elbo=None, start="random", **options):
     """``fit`` from the inducing inputs ``Z`` (``start="random"``: the rows shared with GPyTorch) or from
-    ``ps.inducing.select(X, M, kernel, method=start)`` under the initial kernel, its time counted as training;
-    ``options``: more arguments of ``fit`` (e.g. ``cooldown``)."""
+    :func:`select_start` under the initial kernel, its time counted as training; ``options``: more arguments of
+    ``fit`` (e.g. ``cooldown``)."""
     kernel = RBF(X.shape[1], lengthscale=torch.ones(X.shape[1]))
     clock = time.perf_counter()
     if start != "random":
-        Z = ps.inducing.select(X, len(Z), kernel, method=start)
+        Z = select_start(X, len(Z), kernel, start)
     gp = ps.SVGP(kernel, Z.clone(), ps.Gaussian(noise=NOISE))
 
     def evaluate():
@@ -215,7 +225,8 @@ def main():
                    "without natural gradients")
     p.add_argument("--starts", default="random,kmeans,greedy", help="the inducing inputs ours starts from: 'random' "
                    "(ours: the rows shared with GPyTorch), 'kmeans' (ours_kmeans) and 'greedy' (ours_greedy), both "
-                   "chosen by ps.inducing.select under the initial kernel, that time counted as training")
+                   "chosen by ps.inducing.select under the initial kernel, that time counted as training; a number "
+                   "of candidate rows may follow (greedy512: ours_greedy512)")
     p.add_argument("--max-test", type=int, default=20000, help="evaluate on a random subset (seed 0) of this many "
                    "test points where the test set is larger (flights); 0: all")
     args = p.parse_args()
@@ -250,7 +261,7 @@ def main():
                 }
                 for start in args.starts.split(","):
                     model = "ours" if start == "random" else f"ours_{start}"
-                    runs[model] = run_ours(X, y, Xt, yt, Z, steps, every, y_std, start=STARTS[start])
+                    runs[model] = run_ours(X, y, Xt, yt, Z, steps, every, y_std, start=start)
                 if "adam" in args.extra:
                     runs["ours_adam"] = run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr=None)
                 if "mc" in args.extra:

@@ -9,7 +9,8 @@ natural-gradient recipe (the target: its final test LL) in the same run.
 Variants: ``default`` (``fit``'s defaults), ``coolF`` (``cooldown=F/100``: Adam's rate and the natural step lengths
 decay log-linearly to a tenth over the last fraction ``F/100`` of the steps), ``nat_coolF`` / ``adam_coolF`` (the
 decay on the natural steps only / on Adam only), ``ngX`` (natural step length ``X/100`` instead of 0.1),
-``noise_adam`` (the noise trained by Adam, as GPyTorch does, instead of the Fisher-scoring step), ``greedy`` /
+``noise_adam`` (the noise trained by Adam, as GPyTorch does, instead of the Fisher-scoring step), ``noiseX`` (the
+noise's Fisher-scoring step ``X/100`` times as long as the natural step), ``greedy`` /
 ``kmeans`` (the inducing inputs from ``ps.inducing.select`` under the initial kernel, its time counted as training);
 ``+`` joins them (``cool50+greedy``).
 
@@ -32,10 +33,11 @@ import pyro
 import torch
 from _common import load_regression, machine_note, parser, setup, write_json
 from pyro.contrib.gp.kernels import RBF
-from time_to_accuracy import NOISE, STARTS, Trace, metrics, run_gpytorch
+from time_to_accuracy import NOISE, Trace, metrics, run_gpytorch, select_start
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.infer import fit
+from pyro_sparsegp.infer.natgrad import optimizer as natgrad_optimizer
 from pyro_sparsegp.infer.natgrad import policy
 from pyro_sparsegp.infer.training import steps as training_steps
 from pyro_sparsegp.infer.training.exact_finish import exact_finish_
@@ -59,10 +61,14 @@ def _options(name: str):
     for part in name.split("+"):
         if part == "default":
             continue
-        if part in STARTS:
-            start = STARTS[part]
+        if part.startswith(("greedy", "kmeans")):
+            start = part
         elif part == "noise_adam":  # the noise to Adam: no likelihood takes the Fisher-scoring step
             patches.append((training_steps, "noise_natgrad_likelihood", lambda module: None))
+        elif part.startswith("noise") and part[5:].isdigit():  # the noise's Fisher-scoring step X/100 as long
+            step, factor = natgrad_optimizer.noise_step_from_grads_, int(part[5:]) / 100
+            patches.append((natgrad_optimizer, "noise_step_from_grads_",
+                            lambda lik, lr, n, f=factor, step=step: step(lik, f * lr, n)))
         elif part.startswith("nat_cool"):
             kw["cooldown"] = int(part[8:]) / 100
             patches.append((policy.NatGradPlan, "adam_multiplier", lambda self, step: 1.0))
@@ -83,7 +89,7 @@ def run_variant(name, X, y, Xt, yt, Z, steps, every, y_std, diagnose=0):
     kernel = RBF(X.shape[1], lengthscale=torch.ones(X.shape[1]))
     clock = time.perf_counter()
     if start != "random":
-        Z = ps.inducing.select(X, len(Z), kernel, method=start)
+        Z = select_start(X, len(Z), kernel, start)
     gp = ps.SVGP(kernel, Z.clone(), ps.Gaussian(noise=NOISE))
     finished = []
 
