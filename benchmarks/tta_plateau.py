@@ -4,7 +4,7 @@ from lengthscale 1, noise 0.1, batch 1024, Adam lr 0.01), each a test-LL curve b
 natural-gradient recipe (the target: its final test LL) in the same run.
 
     PYTHONPATH=. python benchmarks/tta_plateau.py [--dataset flights] [--epochs 10] [--every 49]
-        [--variants default,cool30,cool50,...] [--diagnose 147] [--threads 1] [--json PATH]
+        [--variants default,cool30,cool50,...] [--diagnose 147] [--seed S] [--no-peer] [--threads 1] [--json PATH]
 
 Variants: ``default`` (``fit``'s defaults), ``coolF`` (``cooldown=F/100``: Adam's rate and the natural step lengths
 decay log-linearly to a tenth over the last fraction ``F/100`` of the steps), ``nat_coolF`` / ``adam_coolF`` (the
@@ -84,7 +84,7 @@ def _options(name: str):
     return kw, start, patches
 
 
-def run_variant(name, X, y, Xt, yt, Z, steps, every, y_std, diagnose=0):
+def run_variant(name, X, y, Xt, yt, Z, steps, every, y_std, diagnose=0, seed=0):
     kw, start, patches = _options(name)
     kernel = RBF(X.shape[1], lengthscale=torch.ones(X.shape[1]))
     clock = time.perf_counter()
@@ -110,7 +110,7 @@ def run_variant(name, X, y, Xt, yt, Z, steps, every, y_std, diagnose=0):
     with contextlib.ExitStack() as stack:
         for obj, attr, value in patches:
             stack.enter_context(_patched(obj, attr, value))
-        fit(gp, X, y, num_steps=steps, batch_size=B, lr=LR, progress=False, **kw,
+        fit(gp, X, y, num_steps=steps, batch_size=B, lr=LR, progress=False, seed=seed, **kw,
             callback=lambda step, loss: trace.tick(final=step == steps))
     trace.close()
     return trace, noises, finished
@@ -124,6 +124,7 @@ def main():
     p.add_argument("--every", type=int, default=49)
     p.add_argument("--variants", default="default,cool30,cool50")
     p.add_argument("--diagnose", type=int, default=0, help="every K steps the exactly finished copy's test LL")
+    p.add_argument("--seed", type=int, default=0, help="seeds the random rows of Z and fit's minibatch order")
     p.add_argument("--no-peer", action="store_true", help="skip GPyTorch-NGD (no target, no ratios)")
     p.add_argument("--max-test", type=int, default=20000)
     args = p.parse_args()
@@ -137,7 +138,7 @@ def main():
         Xt, yt = Xt[keep], yt[keep]
     steps = args.epochs * math.ceil(len(X) / B)
     print(f"# {args.dataset}: {len(X)} train, {len(Xt)} test evaluated, {steps} steps, M = {args.M}", flush=True)
-    pyro.set_rng_seed(0)
+    pyro.set_rng_seed(args.seed)
     Z = X[torch.randperm(len(X))[: args.M]]
     rows, target, peer_s = [], None, None
     if not args.no_peer:
@@ -151,8 +152,8 @@ def main():
               f"{peer.seconds / steps * 1000:.1f} ms/step", flush=True)
         print("#   " + " ".join(f"{ll:.3f}" for _, _, ll, _ in peer.points), flush=True)
     for name in args.variants.split(","):
-        pyro.set_rng_seed(0)
-        tr, noises, finished = run_variant(name, X, y, Xt, yt, Z, steps, args.every, y_std, args.diagnose)
+        pyro.set_rng_seed(args.seed)
+        tr, noises, finished = run_variant(name, X, y, Xt, yt, Z, steps, args.every, y_std, args.diagnose, args.seed)
         row = {"variant": name, "test_ll": tr.points[-1][2], "seconds": tr.seconds, "setup_s": tr.setup_s,
                "curve": [[s, c, ll, nz] for (s, c, ll, _), nz in zip(tr.points, noises + [math.nan], strict=False)],
                "finished": finished}

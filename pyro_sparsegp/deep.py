@@ -34,9 +34,10 @@ def init_inducing(X: torch.Tensor, M: int, method: str = "kmeans", seed: int = 0
     ``scipy.cluster.vq.kmeans2(..., minit="points")``), the rows of the greedy conditional-variance selection of Burt,
     Rasmussen, van der Wilk 2020 under ``kernel`` (``method="greedy_variance"``; ``kernel=None``: an RBF with
     variance 1 and lengthscales 1), or (``method="random"``) a random subset of the rows
-    (:func:`pyro_sparsegp.inducing.select`, which runs k-means and the greedy selection on 20,000 random rows of a
-    larger ``X``); with ``M > N`` rows drawn with replacement (repeated inputs, which the Cholesky's jitter then has to
-    absorb). ``X``: a tensor, numpy array, list or pandas frame, taken in the default dtype."""
+    (:func:`pyro_sparsegp.inducing.select`, which runs k-means on 20,000 random rows of a larger ``X`` and the greedy
+    selection on a pool of ``4 M`` random rows); with ``M > N`` rows drawn with replacement (repeated inputs, which
+    the Cholesky's jitter then has to absorb). ``X``: a tensor, numpy array, list or pandas frame, taken in the default
+    dtype."""
     X = _inputs(X)
     N = X.shape[0]
     if method not in METHODS:

@@ -52,11 +52,11 @@ def test_select_returns_the_greedy_rows_and_keeps_dtype():
     X = torch.randn(50, 3)
     kernel = _kernel(3)
     idx, _ = greedy_variance(X, 7, kernel)
-    Z = select(X, 7, kernel)
+    Z = select(X, 7, kernel, candidates=None)
     assert Z.dtype == X.dtype and torch.equal(Z, X[idx])
     Z32 = select(X.float(), 7, kernel)
     assert Z32.dtype == torch.float32
-    Znp = select(X.cpu().numpy(), 7, kernel)  # numpy: the default dtype
+    Znp = select(X.cpu().numpy(), 7, kernel, candidates=None)  # numpy: the default dtype
     assert Znp.dtype == torch.get_default_dtype() and torch.equal(Znp, Z)
 
 
@@ -92,6 +92,19 @@ def test_deterministic_and_seeded():
     Z = select(X, 10, candidates=50, seed=1)
     assert all(bool((X == z).all(-1).any()) for z in Z)
     assert not torch.equal(Z, select(X, 10, candidates=None))
+
+
+def test_default_greedy_pool_is_four_m_random_rows():
+    """``candidates="auto"``: the greedy selection runs on ``4 M`` random rows (drawn with ``seed``), k-means on all of
+    a small ``X``."""
+    X = torch.randn(500, 2)
+    k = RBF(2, lengthscale=torch.full((2,), 0.5))
+    pool = X[torch.randperm(500, generator=torch.Generator().manual_seed(2), device="cpu")[:40].to(X.device)]
+    idx, _ = greedy_variance(pool, 10, k)
+    assert torch.equal(select(X, 10, k, seed=2), pool[idx])
+    assert torch.equal(select(X, 10, k, seed=2, candidates=40), pool[idx])
+    assert not torch.equal(select(X, 10, k, seed=2, candidates=None), pool[idx])
+    assert torch.equal(select(X, 10, method="kmeans", seed=2), select(X, 10, method="kmeans", seed=2, candidates=None))
 
 
 def test_kmeans_centres_are_the_means_of_their_points():
@@ -138,11 +151,11 @@ def test_builders_take_the_greedy_start():
     from pyro_sparsegp.inducing import kmeans
     from pyro_sparsegp.likelihoods import Gaussian
 
-    X = torch.randn(80, 3)
+    X = torch.randn(80, 3)  # N = 4 M: the default pool is all of X
     k = RBF(3, lengthscale=torch.full((3,), 0.7), variance=torch.tensor(2.0))
-    idx, _ = greedy_variance(X, 9, k)
-    assert torch.equal(init_inducing(X, 9, "greedy_variance", kernel=k), X[idx])
-    dgp = build_deep_gp(X, [2], Gaussian(0.1), num_inducing=9, init="greedy_variance", lengthscale=0.7, variance=2.0)
+    idx, _ = greedy_variance(X, 20, k)
+    assert torch.equal(init_inducing(X, 20, "greedy_variance", kernel=k), X[idx])
+    dgp = build_deep_gp(X, [2], Gaussian(0.1), num_inducing=20, init="greedy_variance", lengthscale=0.7, variance=2.0)
     assert torch.equal(dgp.layers[0].Z, X[idx])
     expected = kmeans(X, 9, iters=50, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(init_inducing(X, 9), expected)
