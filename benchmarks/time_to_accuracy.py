@@ -70,11 +70,14 @@ def metrics(mean, var, yt, y_std):
 
 
 class Trace:
-    """Training-time clock with evaluations every ``every`` steps (their time excluded)."""
+    """Training-time clock with evaluations every ``every`` steps (their time excluded); ``start``: when the clock
+    started (default now; earlier to count a set-up, such as choosing the inducing inputs, as training)."""
 
-    def __init__(self, evaluate, every, per_epoch):
+    def __init__(self, evaluate, every, per_epoch, start=None):
         self.evaluate, self.every, self.per_epoch = evaluate, every, per_epoch
-        self.points, self.excluded, self.start, self.step = [], 0.0, time.perf_counter(), 0
+        self.points, self.excluded, self.step = [], 0.0, 0
+        self.start = time.perf_counter() if start is None else start
+        self.setup_s = time.perf_counter() - self.start  # the set-up counted before the first step
 
     def tick(self, final=False, epoch_ends=True):
         self.step += 1
@@ -139,18 +142,36 @@ def run_gpytorch(X, y, Xt, yt, Z, steps, every, y_std, ngd=False):
     return trace
 
 
-def run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr="auto", elbo=None):
-    gp = ps.SVGP(RBF(X.shape[1], lengthscale=torch.ones(X.shape[1])), Z.clone(), ps.Gaussian(noise=NOISE))
+def select_start(X, M, kernel, start):
+    """The inducing inputs ``[M, D]`` of a ``--starts`` name: ``kmeans`` or ``greedy`` (``ps.inducing.select``'s
+    k-means or greedy variance with its defaults), with a number of candidate rows appended (``greedy512``: among 512
+    random rows)."""
+    method = "greedy_variance" if start.startswith("greedy") else "kmeans"
+    digits = start.removeprefix("greedy").removeprefix("kmeans")
+    if not start.startswith(("greedy", "kmeans")) or not (digits == "" or digits.isdigit()):
+        raise SystemExit(f"unknown start {start!r}: random, kmeans, greedy, or kmeans/greedy with a number of rows")
+    return ps.inducing.select(X, M, kernel, method=method, **({"candidates": int(digits)} if digits else {}))
+
+
+def run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr="auto", elbo=None, start="random", **options):
+    """``fit`` from the inducing inputs ``Z`` (``start="random"``: the rows shared with GPyTorch) or from
+    :func:`select_start` under the initial kernel, its time counted as training; ``options``: more arguments of
+    ``fit`` (e.g. ``cooldown``)."""
+    kernel = RBF(X.shape[1], lengthscale=torch.ones(X.shape[1]))
+    clock = time.perf_counter()
+    if start != "random":
+        Z = select_start(X, len(Z), kernel, start)
+    gp = ps.SVGP(kernel, Z.clone(), ps.Gaussian(noise=NOISE))
 
     def evaluate():
         mean, var = gp.predict(Xt)
         return metrics(mean, var + gp.likelihood.noise.detach(), yt, y_std)
 
-    trace = Trace(evaluate, every, math.ceil(len(X) / B))
+    trace = Trace(evaluate, every, math.ceil(len(X) / B), start=clock)
     # on a GPU fit reads the loss back every `every` steps (its windows then end where the evaluations fall)
     sync = every if DEVICE.type == "cuda" else 1
     fit(gp, X, y, num_steps=steps, batch_size=B, lr=LR, natgrad_lr=natgrad_lr, elbo=elbo, progress=False,
-        sync_every=sync,
+        sync_every=sync, **options,
         callback=lambda step, loss: trace.tick(final=step == steps, epoch_ends=sync == 1))
     trace.close()
     return trace
@@ -183,6 +204,7 @@ def cell_rows(runs, info):
         r, r_adam = reach(tr, target_ngd), reach(tr, target_adam)
         _, _, ll, rmse = tr.points[-1]
         rows.append({**info, "model": model, "test_ll": ll, "nlpd": -ll, "rmse": rmse, "seconds": tr.seconds,
+                     "setup_s": tr.setup_s,
                      "reach_s": r, "ratio_ngd": None if r is None else r / peer_ngd,
                      "reach_adam_s": r_adam, "ratio_adam": None if r_adam is None else r_adam / peer_adam,
                      "stay_s": (st := reach_stay(tr, target_ngd)),
@@ -201,6 +223,10 @@ def main():
     p.add_argument("--extra", default="", help="'mc': also ours_mc, fit with the one-sample TraceMeanField_ELBO "
                    "(the former default), to compare the estimators epoch for epoch; 'adam': also ours_adam, fit "
                    "without natural gradients")
+    p.add_argument("--starts", default="random,kmeans,greedy", help="the inducing inputs ours starts from: 'random' "
+                   "(ours: the rows shared with GPyTorch), 'kmeans' (ours_kmeans) and 'greedy' (ours_greedy), both "
+                   "chosen by ps.inducing.select under the initial kernel, that time counted as training; a number "
+                   "of candidate rows may follow (greedy512: ours_greedy512)")
     p.add_argument("--max-test", type=int, default=20000, help="evaluate on a random subset (seed 0) of this many "
                    "test points where the test set is larger (flights); 0: all")
     args = p.parse_args()
@@ -232,8 +258,10 @@ def main():
                 runs = {
                     "gpytorch_ngd": run_gpytorch(X, y, Xt, yt, Z, steps, every, y_std, ngd=True),
                     "gpytorch": run_gpytorch(X, y, Xt, yt, Z, steps, every, y_std),
-                    "ours": run_ours(X, y, Xt, yt, Z, steps, every, y_std),
                 }
+                for start in args.starts.split(","):
+                    model = "ours" if start == "random" else f"ours_{start}"
+                    runs[model] = run_ours(X, y, Xt, yt, Z, steps, every, y_std, start=start)
                 if "adam" in args.extra:
                     runs["ours_adam"] = run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr=None)
                 if "mc" in args.extra:
@@ -256,8 +284,8 @@ def main():
                     write_json(args.json, rows)
     print("\nTime to GPyTorch's final test log-likelihood (seconds of training; reach_s: to GPyTorch-NGD's, "
           "ratio_ngd = reach_s / GPyTorch-NGD's; ratio_adam: the same against GPyTorch-Adam's):")
-    print(table(rows, ["dataset", "M", "dtype", "model", "test_ll", "rmse", "seconds", "reach_s", "ratio_ngd",
-                       "reach_adam_s", "ratio_adam", "stay_s", "ratio_stay_ngd"]))
+    print(table(rows, ["dataset", "M", "dtype", "model", "test_ll", "rmse", "seconds", "setup_s", "reach_s",
+                       "ratio_ngd", "reach_adam_s", "ratio_adam", "stay_s", "ratio_stay_ngd"]))
     write_json(args.json, rows)
 
 

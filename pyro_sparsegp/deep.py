@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from pyro.contrib.gp import kernels as pk
 
-from .inducing import kmeans
+from .inducing.selection import METHODS, select
 from .inputs import as_tensor
 from .layers import SOLVEGP, SVGP
 from .layers.deep import DeepGP, sample_marginal
@@ -31,23 +31,27 @@ def _inputs(X) -> torch.Tensor:
     return X
 
 
-def init_inducing(X: torch.Tensor, M: int, method: str = "kmeans", seed: int = 0) -> torch.Tensor:
+def init_inducing(X: torch.Tensor, M: int, method: str = "kmeans", seed: int = 0, kernel=None) -> torch.Tensor:
     """``M`` inducing inputs ``[M, D]`` from the data ``X`` ``[N, D]``: k-means centres started from ``M`` random
     points (:func:`pyro_sparsegp.inducing.init.kmeans`, as the reference code of Salimbeni & Deisenroth 2017 does with
-    ``scipy.cluster.vq.kmeans2(..., minit="points")``), or (``method="random"``) a random subset of the rows; with
-    ``M > N`` rows drawn with replacement (repeated inputs, which the Cholesky's jitter then has to absorb). ``X``:
-    a tensor, numpy array, list or pandas frame, taken in the default dtype."""
+    ``scipy.cluster.vq.kmeans2(..., minit="points")``), the rows of the greedy conditional-variance selection of Burt,
+    Rasmussen, van der Wilk 2020 under ``kernel`` (``method="greedy_variance"``; ``kernel=None``: an RBF with
+    variance 1 and lengthscales 1), or (``method="random"``) a random subset of the rows
+    (:func:`pyro_sparsegp.inducing.select`, which runs k-means on 20,000 random rows of a larger ``X`` and the greedy
+    selection on a pool of ``4 M`` random rows); with ``M > N`` rows drawn with replacement (repeated inputs, which
+    the Cholesky's jitter then has to absorb). ``X``: a tensor, numpy array, list or pandas frame, taken in the default
+    dtype."""
     X = _inputs(X)
     N = X.shape[0]
-    g = torch.Generator().manual_seed(seed)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "random" or M >= N:
+        g = torch.Generator().manual_seed(seed)
         cpu = {"generator": g, "device": "cpu"}  # the generator's device, whatever torch's default device
         idx = torch.randperm(N, **cpu)[:M] if M <= N else torch.randint(N, (M,), **cpu)
         idx = idx.to(X.device)
         return X[idx].detach().clone()
-    if method != "kmeans":
-        raise ValueError(f"method must be 'kmeans' or 'random', got {method!r}")
-    return kmeans(X.detach(), M, iters=50, generator=g)
+    return select(X.detach(), M, kernel, method, seed=seed)
 
 
 def build_deep_gp(
@@ -70,7 +74,9 @@ def build_deep_gp(
 ) -> DeepGP:
     """A :class:`DeepGP` initialised as the anchors do (Salimbeni & Deisenroth 2017 reference code; GPflux):
 
-    * inducing inputs of every layer: k-means (or a random subset, ``init="random"``) of ``X``, propagated through
+    * inducing inputs of every layer: k-means of ``X`` (``init="kmeans"``), the rows of the greedy
+      conditional-variance selection of Burt, Rasmussen, van der Wilk 2020 under the first layer's initial kernel
+      (``init="greedy_variance"``) or a random subset (``init="random"``) (:func:`init_inducing`), propagated through
       the hidden layers' fixed mean functions (``Z_running <- m(Z_running)``, ``X_running <- m(X_running)``);
     * hidden layer mean functions: identity when the width is kept, PCA of the running inputs when it shrinks, zero
       padding when it grows (:meth:`FixedProjection.between`); the last layer has a zero mean;
@@ -87,6 +93,7 @@ def build_deep_gp(
     :param num_orthogonal: ``M2`` orthogonal inducing points per layer: ``> 0`` makes every layer a
         :class:`~pyro_sparsegp.SOLVEGP` (the deep SOLVE-GP of Shi et al. 2020, section 4), whose ``M + M2`` initial
         points are one k-means run split in two.
+    :param init: ``"kmeans"``, ``"greedy_variance"`` or ``"random"`` (:func:`init_inducing`).
     """
     kernels = {"rbf": pk.RBF, "matern32": pk.Matern32, "matern52": pk.Matern52}
     if kernel not in kernels:
@@ -97,7 +104,9 @@ def build_deep_gp(
         raise ValueError(f"num_inducing + num_orthogonal = {M + M2} inducing inputs per layer from N = "
                          f"{X_run.shape[0]} training inputs would repeat inputs (k-means has at most N distinct "
                          f"centres); use at most {X_run.shape[0]}")
-    Z_run = init_inducing(X_run, M + M2, init, seed)
+    first = kernels[kernel](input_dim=X_run.shape[-1], variance=torch.tensor(float(variance)),
+                            lengthscale=torch.full((X_run.shape[-1],), float(lengthscale)))  # init="greedy_variance"
+    Z_run = init_inducing(X_run, M + M2, init, seed, kernel=first)
     dims = list(hidden_dims) + [num_outputs]
     layers = []
     for i, D_out in enumerate(dims):

@@ -1,5 +1,7 @@
 """Inducing variables as data and shapes (:mod:`~pyro_sparsegp.inducing.variables`: points, patches, indexed patches,
-sums of them) and their initialisation (:mod:`~pyro_sparsegp.inducing.init`: one torch k-means, no scipy).
+sums of them) and their initialisation (:mod:`~pyro_sparsegp.inducing.init`: one torch k-means, no scipy;
+:mod:`~pyro_sparsegp.inducing.selection`: :func:`select` among the training inputs, by the greedy conditional
+variance of Burt, Rasmussen, van der Wilk 2020, k-means or random rows).
 
 Shapes: ``Z`` ``[M, d]`` (one set shared by the outputs) or ``[L, M, d]`` (one set per output). Their covariances
 ``Kuu`` ``[(L,) M, M]`` and ``Kuf`` ``[..., (L|1,) M, B]`` are rules of :mod:`pyro_sparsegp.covariances`, registered
@@ -7,6 +9,7 @@ per (inducing type, kernel type) (Hensman, Matthews, Ghahramani 2015, eq. 19; va
 """
 
 from .init import init_patches, kmeans
+from .selection import greedy_variance, select
 from .variables import (
     IndexedInducingPatches,
     InducingPatches,
@@ -25,4 +28,6 @@ __all__ = [
     "as_inducing",
     "kmeans",
     "init_patches",
+    "select",
+    "greedy_variance",
 ]

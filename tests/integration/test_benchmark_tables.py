@@ -170,8 +170,9 @@ def test_convgp_run_saves_and_continues_from_saved_parameters(tmp_path):
 # linear_operator (GPyTorch's) decorates with the deprecated torch.jit.script at import
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_time_to_accuracy_rows_carry_both_gpytorch_ratios_and_the_curve():
-    """benchmarks/time_to_accuracy.py: a few steps of GPyTorch's NGD recipe, GPyTorch-Adam and ours on a toy set;
-    every row has the reach/ratio columns against GPyTorch-NGD's and GPyTorch-Adam's final test LL and its curve."""
+    """benchmarks/time_to_accuracy.py: a few steps of GPyTorch's NGD recipe, GPyTorch-Adam and ours (from the shared
+    rows and from the greedy-variance start) on a toy set; every row has the reach/ratio columns against
+    GPyTorch-NGD's and GPyTorch-Adam's final test LL, its set-up time and its curve."""
     import pyro
 
     pytest.importorskip("gpytorch")
@@ -183,12 +184,15 @@ def test_time_to_accuracy_rows_carry_both_gpytorch_ratios_and_the_curve():
     Z = X[:8]
     runs = {"gpytorch_ngd": tta.run_gpytorch(X, y, Xt, yt, Z, 4, 2, 1.0, ngd=True),
             "gpytorch": tta.run_gpytorch(X, y, Xt, yt, Z, 4, 2, 1.0),
-            "ours": tta.run_ours(X, y, Xt, yt, Z, 4, 2, 1.0)}
+            "ours": tta.run_ours(X, y, Xt, yt, Z, 4, 2, 1.0),
+            "ours_greedy": tta.run_ours(X, y, Xt, yt, Z, 4, 2, 1.0, start="greedy")}
     rows = tta.cell_rows(runs, {"dataset": "toy"})
-    assert [r["model"] for r in rows] == ["gpytorch_ngd", "gpytorch", "ours"]
+    assert [r["model"] for r in rows] == ["gpytorch_ngd", "gpytorch", "ours", "ours_greedy"]
+    # the greedy selection's time is training time: on the clock before the first step
+    assert 0 < rows[3]["setup_s"] <= rows[3]["curve"][0][0]
     for r in rows:
-        assert {"test_ll", "nlpd", "rmse", "seconds", "reach_s", "ratio_ngd", "reach_adam_s", "ratio_adam", "stay_s",
-                "ratio_stay_ngd"} <= set(r)
+        assert {"test_ll", "nlpd", "rmse", "seconds", "setup_s", "reach_s", "ratio_ngd", "reach_adam_s", "ratio_adam",
+                "stay_s", "ratio_stay_ngd"} <= set(r)
         assert r["nlpd"] == -r["test_ll"] and len(r["curve"]) == len(runs[r["model"]].points) >= 2
         assert all(len(p) == 2 for p in r["curve"]) and r["curve"][-1][1] == r["test_ll"]
     assert rows[0]["ratio_ngd"] == 1.0 and rows[1]["ratio_adam"] == 1.0 and rows[0]["ratio_stay_ngd"] == 1.0
