@@ -90,6 +90,7 @@ CMPOP = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE
 SWAP = {"min": "max", "max": "min", "amin": "amax", "amax": "amin", "sum": "mean", "mean": "sum", "tril": "triu",
         "triu": "tril"}
 DROP_ATTR = {"mT", "T"}
+FORMAT = "coverage map 2"  # bump when the coverage file's layout changes
 NO_MUTATE_FUNCS = {"__repr__", "__str__", "extra_repr"}
 
 
@@ -104,6 +105,8 @@ class Mutant:
     end: int
     new: str
     lines: tuple  # the lines whose covering tests run this mutant; () = every test that uses the module
+    func: str | None  # qualified name of the outermost function holding it (None: run at import)
+    func_line: int  # that function's first line (its first decorator's)
     status: str = ""
     tests: list = field(default_factory=list)
 
@@ -143,6 +146,7 @@ class _Collector(ast.NodeVisitor):
     def __init__(self, module: str, source: str):
         self.module, self.pos, self.out = module, _Positions(source), []
         self.scope, self.stmt_lines, self.in_function = [], (), False
+        self.func, self.func_line = None, 0
         self.skip_lines = {i + 1 for i, line in enumerate(self.pos.lines) if "pragma: no mutate" in line}
 
     # -- bookkeeping ------------------------------------------------------------------------------------------------
@@ -154,7 +158,7 @@ class _Collector(ast.NodeVisitor):
         col = start - line_start if start >= line_start else 0
         self.out.append(Mutant(self.module, ".".join(self.scope) or "<module>", node_line,
                                self.pos.lines[node_line - 1].strip(), f"{label} (col {col})", start, end, new,
-                               self.stmt_lines if self.in_function else ()))
+                               self.stmt_lines if self.in_function else (), self.func, self.func_line))
         assert src[start:end] or new  # a mutant changes something
 
     def visit_stmt_dispatch(self, node):
@@ -217,16 +221,19 @@ class _Collector(ast.NodeVisitor):
         if node.name in NO_MUTATE_FUNCS:
             return
         self.scope.append(node.name)
-        saved_in, saved_lines = self.in_function, self.stmt_lines
+        saved = self.in_function, self.stmt_lines, self.func, self.func_line
         self.in_function = True
         body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
         self.stmt_lines = tuple(range(body[0].lineno, node.end_lineno + 1)) if body else ()
         for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
             self.visit(default)  # a default changes the calls: judged by the tests that run the body
+        if self.func is None:  # the outermost function: its code object is what a mutant replaces
+            self.func = ".".join(self.scope)
+            self.func_line = min([d.lineno for d in node.decorator_list] + [node.lineno])
         for stmt in node.body:
             self.visit_stmt_dispatch(stmt)
         self.scope.pop()
-        self.in_function, self.stmt_lines = saved_in, saved_lines
+        self.in_function, self.stmt_lines, self.func, self.func_line = saved
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
@@ -418,8 +425,9 @@ def _coverage_child(tree: Path, pool: list[str], modules: list[str], out: Path) 
     data = cov.get_data()
     lines = {}
     for m, f in zip(modules, files, strict=True):
-        # a line run only outside any test (at import, by a test module's top level): "<import>"
-        lines[m] = {str(k): sorted(set(v) - {""}) or ["<import>"] for k, v in data.contexts_by_lineno(f).items()}
+        # a line run outside any test (at import, by a test module's top level) also lists "<import>"
+        lines[m] = {str(k): sorted(set(v) - {""}) + ["<import>"] * ("" in v)
+                    for k, v in data.contexts_by_lineno(f).items()}
     import pyro_sparsegp
 
     out.write_text(json.dumps({"lines": lines, "durations": plugin.durations, "failed": sorted(plugin.failed),
@@ -428,7 +436,7 @@ def _coverage_child(tree: Path, pool: list[str], modules: list[str], out: Path) 
 
 
 def _tree_hash(tree: Path, extra: list[str]) -> str:
-    h = hashlib.sha256("\n".join(extra).encode())
+    h = hashlib.sha256("\n".join([FORMAT, *extra]).encode())
     for f in sorted([*tree.glob("pyro_sparsegp/**/*.py"), *tree.glob("tests/**/*.py"), tree / "pyproject.toml"]):
         h.update(str(f.relative_to(tree)).encode() + f.read_bytes())
     return h.hexdigest()
@@ -448,22 +456,164 @@ def coverage_map(tree: Path, work: Path, package: str, modules: list[str]) -> di
     data = json.loads(out.read_text())
     if not data["package_file"].startswith(str(tree)):
         sys.exit(f"the coverage run imported {data['package_file']}, not the scratch copy under {tree}")
-    data["key"] = key
+    data["key"], data["file"] = key, str(out)
     out.write_text(json.dumps(data))
     return data
 
 
-# -- the fork server ------------------------------------------------------------------------------------------------
+# -- the two servers: mutants inside functions (pre-collected session), the rest (fresh import per mutant) ----------
 def _env() -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env.pop("PYTHONPATH", None)
     return env
 
 
+def _fork(child, log: Path, timeout: float) -> str:
+    """Run ``child()`` (returns an exit code) in a forked process with its output in ``log``: "killed" (a test
+    failed or errored, or a crash), "survived" (exit 0, or 5: no test ran), "timeout", or "unresolved" (exit 97: the
+    session server could not place the mutant)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            code = int(child())
+        except BaseException:  # noqa: BLE001 - reported through the exit code
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "timeout"
+        time.sleep(0.01)
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    if code in (0, 5):
+        return "survived"
+    if code == 97:
+        return "unresolved"
+    if code in (4, 98, 99):
+        sys.exit(f"the harness failed (exit {code}); see {log}")
+    return "killed"
+
+
+def _codes(code):
+    """``code`` and every code object nested in it, depth first in source order."""
+    yield code
+    for c in code.co_consts:
+        if isinstance(c, type(code)):
+            yield from _codes(c)
+
+
+class _Unresolved(Exception):
+    pass
+
+
+def _live_function(module, qualname: str, firstlineno: int):
+    """The function object of ``module`` with this qualified name and first line, found through the namespace and
+    the decorators' ``__wrapped__``, ``__func__``, ``fget``/``fset``/``fdel`` and closures."""
+    obj = module
+    for part in qualname.split(".")[:-1]:
+        obj = vars(obj).get(part)
+    todo, seen = [vars(obj).get(qualname.split(".")[-1]) if obj is not None else None], set()
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        code = getattr(x, "__code__", None)
+        if code is not None and code.co_qualname == qualname and code.co_firstlineno == firstlineno:
+            return x
+        todo += [getattr(x, a, None) for a in ("__wrapped__", "__func__", "fget", "fset", "fdel")]
+        todo += [c.cell_contents for c in (getattr(x, "__closure__", None) or ()) if _cell_full(c)]
+    raise _Unresolved(qualname)
+
+
+def _cell_full(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _patch(job: dict, tree: Path) -> None:
+    """Swap the code of the mutant's outermost function, in place, for the mutated one (every reference to the
+    function, decorated or registered, sees it)."""
+    path = tree / job["module"]
+    source = path.read_text()
+    mutated = source[:job["start"]] + job["new"] + source[job["end"]:]
+    q = job["func"]
+    originals = [c for c in _codes(compile(source, str(path), "exec", dont_inherit=True)) if c.co_qualname == q]
+    index = [c.co_firstlineno for c in originals].index(job["func_line"])
+    new = [c for c in _codes(compile(mutated, str(path), "exec", dont_inherit=True)) if c.co_qualname == q][index]
+    if new.co_freevars != originals[index].co_freevars:
+        raise _Unresolved("the mutant changes the closure")
+    module = sys.modules[job["module"].removesuffix(".py").replace("/", ".").removesuffix(".__init__")]
+    _live_function(module, q, job["func_line"]).__code__ = new
+
+
+class _SessionServer:
+    """pytest plugin: after collecting the pool once, fork a child per job that patches the function and runs the
+    job's tests (in its order, stopping at the first failure) instead of the test loop."""
+
+    def __init__(self, jobs: list, tree: Path, work: Path, results: dict):
+        self.jobs, self.tree, self.work, self.results = jobs, tree, work, results
+
+    def pytest_runtestloop(self, session):
+        items = {item.nodeid: item for item in session.items}
+        t0 = time.time()
+        for i, job in enumerate(self.jobs):
+            tests = [items[t] for t in job["tests"] if t in items]
+            self.results[job["id"]] = _fork(lambda job=job, tests=tests: self._child(session, job, tests),
+                                            self.work / "last_mutant.log", job["timeout"])
+            if job["id"] == "baseline" and self.results["baseline"] != "survived":
+                break
+            if (i + 1) % 100 == 0:
+                print(f"    session: {i + 1}/{len(self.jobs)} mutants, {time.time() - t0:.0f} s", flush=True)
+        return True
+
+    def _child(self, session, job, tests) -> int:
+        if job.get("module"):
+            try:
+                _patch(job, self.tree)
+            except (_Unresolved, ValueError, IndexError, KeyError, AttributeError) as e:
+                print("unresolved:", repr(e))
+                return 97
+        for i, item in enumerate(tests):
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=tests[i + 1] if i + 1 < len(tests) else None)
+            if session.testsfailed:
+                return 1
+        return 0
+
+
+def _session_worker(tree: Path, work: Path, pool: list[str], jobs_file: Path, out: Path) -> None:
+    import pytest
+
+    jobs, results = json.loads(jobs_file.read_text()), {}
+    os.chdir(tree)
+    sys.path.insert(0, str(tree))
+    pytest.main([*pool, "-q", "-p", "no:cacheprovider", "--no-header"], plugins=[_SessionServer(jobs, tree, work,
+                                                                                               results)])
+    if not sys.modules["pyro_sparsegp"].__file__.startswith(str(tree)):
+        sys.exit(f"the session imported {sys.modules['pyro_sparsegp'].__file__}, not the copy under {tree}")
+    out.write_text(json.dumps(results))
+
+
 def preload(modules: list[str], tree: Path) -> None:
-    """Import (once, in the server) the third-party modules that the tests imported, so that each child only imports
-    ``pyro_sparsegp`` and the test files."""
-    os.environ.update(_env())
+    """Import (once, in the fresh-import server) the third-party modules that the tests imported, so that each child
+    imports only ``pyro_sparsegp`` and the test files."""
     plugin_modules = set()  # pytest rewrites the asserts of its plugins' distributions: they must not be imported yet
     for ep in importlib.metadata.entry_points(group="pytest11"):
         for f in ep.dist.files or ():
@@ -486,57 +636,59 @@ def preload(modules: list[str], tree: Path) -> None:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - a module that does not import on its own is imported by its user
                 pass
-    import torch
-
-    torch.set_num_threads(1)
 
 
-def run_one(tree: Path, work: Path, tests: list[str], timeout: float) -> str:
-    """Fork a child that runs ``pytest -x`` on ``tests`` in ``tree``: "killed", "survived" or "timeout"."""
-    log = work / "last_mutant.log"
-    pid = os.fork()
-    if pid == 0:  # the child
+def _fresh_child(tree: Path, tests: list[str]) -> int:
+    os.chdir(tree)
+    sys.path.insert(0, str(tree))
+    import pytest
+
+    rc = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "--no-header", *tests])
+    imported = getattr(sys.modules.get("pyro_sparsegp"), "__file__", None) or str(tree)
+    return 98 if not imported.startswith(str(tree)) else int(rc)
+
+
+def _fresh_worker(tree: Path, work: Path, cover_file: list[str], jobs_file: Path, out: Path) -> None:
+    """Mutants run at import (module and class level, defaults, functions called at import): the mutant is written
+    into the file and a child forked from a server without ``pyro_sparsegp`` imports it afresh."""
+    jobs, results = json.loads(jobs_file.read_text()), {}
+    preload(json.loads(Path(cover_file[0]).read_text())["modules"], tree)
+    for job in jobs:
+        path = tree / job["module"]
+        source = path.read_text()
+        pyc = Path(importlib.util.cache_from_source(str(path)))
+        path.write_text(source[:job["start"]] + job["new"] + source[job["end"]:])
+        pyc.unlink(missing_ok=True)  # a stale .pyc of the same size and second would hide the mutant
         try:
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            os.chdir(tree)
-            sys.path.insert(0, str(tree))
-            import pytest
-
-            rc = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "--no-header", *tests])
-            imported = getattr(sys.modules.get("pyro_sparsegp"), "__file__", None) or str(tree)
-            os._exit(98 if not imported.startswith(str(tree)) else int(rc))
-        except BaseException:  # noqa: BLE001
-            import traceback
-
-            traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(99)
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return "timeout"
-        time.sleep(0.02)
-    if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (0, 5):
-        return "survived"
-    if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (4, 98, 99):
-        sys.exit(f"the harness failed (exit {os.WEXITSTATUS(status)}); see {log}")
-    return "killed"
+            results[job["id"]] = _fork(lambda job=job: _fresh_child(tree, job["tests"]), work / "last_mutant.log",
+                                       job["timeout"])
+        finally:
+            path.write_text(source)
+            pyc.unlink(missing_ok=True)
+    out.write_text(json.dumps(results))
 
 
-def select_tests(m: Mutant, cover: dict) -> list[str]:
+def _run_worker(kind: str, tree: Path, work: Path, arg: list[str], jobs: list) -> dict:
+    if not jobs:
+        return {}
+    jobs_file, out = work / f"jobs_{kind}.json", work / f"results_{kind}.json"
+    jobs_file.write_text(json.dumps(jobs))
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), f"--_{kind}", str(tree), str(work), ",".join(arg),
+           str(jobs_file), str(out)]
+    subprocess.run(cmd, check=True, env=_env())
+    return json.loads(out.read_text())
+
+
+def select_tests(m: Mutant, cover: dict) -> tuple[list[str], bool]:
+    """The tests that cover the mutant's lines, fastest first, and whether the lines run at import."""
     lines = cover["lines"][m.module]
-    failed = set(cover["failed"])
     tests = {t for ln in m.lines for t in lines.get(str(ln), ())}
-    if not m.lines or "<import>" in tests:  # module or class level, run at import: every test that uses the module
-        tests = {t for ts in lines.values() for t in ts}
-    return sorted(tests - failed - {"<import>"}, key=lambda t: cover["durations"].get(t, 0.0))
+    at_import = "<import>" in tests or not m.lines
+    tests.discard("<import>")
+    if not m.lines or (at_import and not tests):  # run at import: every test that uses the module
+        tests = {t for ts in lines.values() for t in ts} - {"<import>"}
+    return sorted(tests - set(cover["failed"]), key=lambda t: cover["durations"].get(t, 0.0)), at_import
 
 
 def run_package(package: str, modules: list[str], tree: Path, work: Path, equivalent: dict, check_eq: bool) -> dict:
@@ -544,49 +696,52 @@ def run_package(package: str, modules: list[str], tree: Path, work: Path, equiva
     cover = coverage_map(tree, work, package, modules)
     print(f"[{package}] coverage run: {len(cover['durations'])} tests, {time.time() - t0:.0f} s, "
           f"{len(cover['failed'])} failing (left out): {cover['failed'][:5]}", flush=True)
-    preload(cover["modules"], tree)
+    timeout = lambda tests: 5 * sum(cover["durations"].get(t, 1.0) for t in tests) + 60  # noqa: E731
     every = sorted({t for m in modules for ts in cover["lines"][m].values() for t in ts} - {"<import>"}
                    - set(cover["failed"]), key=lambda t: cover["durations"].get(t, 0.0))
-    if every and run_one(tree, work, every, 5 * sum(cover["durations"].get(t, 1.0) for t in every) + 60) != "survived":
-        sys.exit(f"the unmutated tree fails its tests in the harness; see {work / 'last_mutant.log'}")
-    print(f"[{package}] the {len(every)} covering tests pass unmutated in the harness ({time.time() - t0:.0f} s)")
-    results = {}
-    for module in modules:
-        source = (tree / module).read_text()
-        mutants = collect_mutants(module, tree)
+    mutants = {module: collect_mutants(module, tree) for module in modules}
+    session, fresh, by_id = [{"id": "baseline", "tests": every, "timeout": timeout(every)}], [], {}
+    for module, ms in mutants.items():
         eq_keys = {(e["location"], e["code"], e["mutation"]) for e in equivalent.get(module, [])}
-        pyc = Path(importlib.util.cache_from_source(str(tree / module)))
+        for i, m in enumerate(ms):
+            m.status = "equivalent?" if m.key() in eq_keys else ""
+            if m.status and not check_eq:
+                continue
+            m.tests, at_import = select_tests(m, cover)
+            if not m.tests:
+                m.status += "survived"
+                continue
+            job = {"id": f"{module}#{i}", "module": module, "start": m.start, "end": m.end, "new": m.new,
+                   "func": m.func, "func_line": m.func_line, "tests": m.tests, "timeout": timeout(m.tests)}
+            by_id[job["id"]] = m
+            (fresh if at_import or m.func is None else session).append(job)
+    print(f"[{package}] {sum(map(len, mutants.values()))} mutants: {len(session) - 1} in the session server, "
+          f"{len(fresh)} with a fresh import", flush=True)
+    results = _run_worker("session", tree, work, PACKAGES[package], session)
+    if results.get("baseline") != "survived":
+        sys.exit(f"the unmutated tree fails its tests in the harness ({results.get('baseline')}); see "
+                 f"{work / 'last_mutant.log'}")
+    unresolved = [j for j in session[1:] if results[j["id"]] == "unresolved"]
+    print(f"[{package}] session done ({time.time() - t0:.0f} s); {len(unresolved)} unresolved go to a fresh import")
+    results.update(_run_worker("fresh", tree, work, [cover["file"]], fresh + unresolved))
+    out = {}
+    for module, ms in mutants.items():
         counts = {"killed": 0, "survived": 0, "equivalent": 0}
-        for i, m in enumerate(mutants):
-            is_eq = m.key() in eq_keys
-            if is_eq and not check_eq:
+        for i, m in enumerate(ms):
+            m.status += results.get(f"{module}#{i}", "")
+            if m.status.startswith("equivalent?"):
+                if m.status not in ("equivalent?", "equivalent?survived"):
+                    print(f"  WARNING: listed as equivalent but {m.status[11:]}: {module} {m.key()}")
                 m.status = "equivalent"
-            else:
-                m.tests = select_tests(m, cover)
-                if not m.tests:
-                    m.status = "survived"
-                else:
-                    (tree / module).write_text(m.apply(source))
-                    pyc.unlink(missing_ok=True)
-                    budget = sum(cover["durations"].get(t, 1.0) for t in m.tests)
-                    m.status = run_one(tree, work, m.tests, 5 * budget + 60)
-                    (tree / module).write_text(source)
-                    pyc.unlink(missing_ok=True)
-                if is_eq:
-                    if m.status != "survived":
-                        print(f"  WARNING: listed as equivalent but {m.status}: {m.location} {m.mutation}")
-                    m.status = "equivalent"
             counts["killed" if m.status == "timeout" else m.status] += 1
             if m.status == "survived":
-                print(f"  survived {module}:{m.line} {m.location}: {m.mutation}  | {m.code}", flush=True)
-            if (i + 1) % 50 == 0:
-                print(f"  [{module}] {i + 1}/{len(mutants)} {counts} {time.time() - t0:.0f} s", flush=True)
+                print(f"  survived {module}:{m.line} {m.location}: {m.mutation}  | {m.code}")
         listed = {(e["location"], e["code"], e["mutation"]) for e in equivalent.get(module, [])}
-        for stale in listed - {m.key() for m in mutants}:
+        for stale in listed - {m.key() for m in ms}:
             print(f"  WARNING: stale equivalent entry (no such mutant now): {module} {stale}")
-        results[module] = (counts, mutants)
+        out[module] = (counts, ms)
         print(f"[{package}] {module}: {counts}", flush=True)
-    return {"results": results, "wall_s": round(time.time() - t0, 1), "tests": len(cover["durations"])}
+    return {"results": out, "wall_s": round(time.time() - t0, 1), "tests": len(cover["durations"])}
 
 
 # -- command line ---------------------------------------------------------------------------------------------------
@@ -622,6 +777,10 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--_cover":
         tree, out, pool = Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4].split(",")
         return _coverage_child(tree, pool, sys.argv[5:], out)
+    if len(sys.argv) > 1 and sys.argv[1] in ("--_session", "--_fresh"):
+        worker = _session_worker if sys.argv[1] == "--_session" else _fresh_worker
+        return worker(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4].split(","), Path(sys.argv[5]),
+                      Path(sys.argv[6]))
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("targets", nargs="*")
     p.add_argument("--score", default=str(RECORDS / "mutation_score.json"))
