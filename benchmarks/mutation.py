@@ -681,17 +681,29 @@ def _run_worker(kind: str, tree: Path, work: Path, arg: list[str], jobs: list) -
 
 
 def select_tests(m: Mutant, cover: dict) -> tuple[list[str], bool]:
-    """The tests that cover the mutant's lines, fastest first, and whether the lines run at import."""
+    """The tests that cover the mutant's lines, fastest first, and whether the lines run at import; a mutant run at
+    import (a registration, a module constant) may change what any test sees without that test running a line of the
+    module: then every test of the pool follows."""
     lines = cover["lines"][m.module]
     tests = {t for ln in m.lines for t in lines.get(str(ln), ())}
     at_import = "<import>" in tests or not m.lines
     tests.discard("<import>")
-    if not m.lines or (at_import and not tests):  # run at import: every test that uses the module
-        tests = {t for ts in lines.values() for t in ts} - {"<import>"}
-    return sorted(tests - set(cover["failed"]), key=lambda t: cover["durations"].get(t, 0.0)), at_import
+    order = lambda t: cover["durations"].get(t, 0.0)  # noqa: E731
+    failed = set(cover["failed"])
+    first = sorted(tests - failed, key=order)
+    rest = sorted(set(cover["durations"]) - tests - failed, key=order) if at_import else []
+    return first + rest, at_import
 
 
-def run_package(package: str, modules: list[str], tree: Path, work: Path, equivalent: dict, check_eq: bool) -> dict:
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run_package(package: str, modules: list[str], tree: Path, work: Path, equivalent: dict, check_eq: bool,
+                earlier: dict | None = None) -> dict:
+    """Run the mutants of ``modules`` against ``package``'s pool. ``earlier`` (a detail file): a module unchanged since
+    that run (same sha256) runs only the mutants that survived it; the others count as killed (tests were only
+    added)."""
     t0 = time.time()
     cover = coverage_map(tree, work, package, modules)
     print(f"[{package}] coverage run: {len(cover['durations'])} tests, {time.time() - t0:.0f} s, "
@@ -703,9 +715,15 @@ def run_package(package: str, modules: list[str], tree: Path, work: Path, equiva
     session, fresh, by_id = [{"id": "baseline", "tests": every, "timeout": timeout(every)}], [], {}
     for module, ms in mutants.items():
         eq_keys = {(e["location"], e["code"], e["mutation"]) for e in equivalent.get(module, [])}
+        survived_before = None
+        if earlier and earlier.get("sources", {}).get(module) == _sha(tree / module):
+            survived_before = {(e["location"], e["code"], e["mutation"]) for e in earlier["survivors"].get(module, [])}
         for i, m in enumerate(ms):
             m.status = "equivalent?" if m.key() in eq_keys else ""
             if m.status and not check_eq:
+                continue
+            if not m.status and survived_before is not None and m.key() not in survived_before:
+                m.status = "killed"  # in the earlier run
                 continue
             m.tests, at_import = select_tests(m, cover)
             if not m.tests:
@@ -789,6 +807,8 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/pyro_sparsegp_mutation")
     p.add_argument("--list", action="store_true", help="print the mutants and run nothing")
     p.add_argument("--check-equivalent", action="store_true", help="run the listed equivalent mutants too")
+    p.add_argument("--survivors-of", metavar="DETAIL", help="a detail file of an earlier run: in modules unchanged "
+                   "since, run only its survivors and count the rest as killed")
     args = p.parse_args()
     by_package = targets_to_modules(args.targets)
     if args.list:
@@ -802,10 +822,12 @@ def main() -> None:
     equivalent = json.loads(Path(args.equivalent).read_text()) if Path(args.equivalent).exists() else {}
     score = json.loads(Path(args.score).read_text()) if Path(args.score).exists() else {}
     detail = json.loads(Path(args.detail).read_text()) if Path(args.detail).exists() else {"runs": {}, "survivors": {}}
+    earlier = json.loads(Path(args.survivors_of).read_text()) if args.survivors_of else None
     tree = make_tree(work)
     for package, modules in by_package.items():
-        run = run_package(package, modules, tree, work, equivalent, args.check_equivalent)
+        run = run_package(package, modules, tree, work, equivalent, args.check_equivalent, earlier)
         for module, (counts, mutants) in run["results"].items():
+            detail.setdefault("sources", {})[module] = _sha(tree / module)
             if sum(counts.values()):
                 score[module] = counts
             detail["survivors"][module] = [
