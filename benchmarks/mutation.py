@@ -90,6 +90,7 @@ CMPOP = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE
 SWAP = {"min": "max", "max": "min", "amin": "amax", "amax": "amin", "sum": "mean", "mean": "sum", "tril": "triu",
         "triu": "tril"}
 DROP_ATTR = {"mT", "T"}
+BASELINE_TESTS = 40  # the fastest covering tests, run unmutated through the session server first: the harness check
 FORMAT = "coverage map 2"  # bump when the coverage file's layout changes
 NO_MUTATE_FUNCS = {"__repr__", "__str__", "extra_repr"}
 
@@ -442,15 +443,15 @@ def _tree_hash(tree: Path, extra: list[str]) -> str:
     return h.hexdigest()
 
 
-def coverage_map(tree: Path, work: Path, package: str, modules: list[str]) -> dict:
+def coverage_map(tree: Path, work: Path, package: str, modules: list[str], pool: list[str]) -> dict:
     """The coverage run of ``package``'s test pool, reused while the sources, tests and modules are unchanged."""
     out = work / f"coverage_{package.replace('/', '_')}.json"
-    key = _tree_hash(tree, PACKAGES[package] + modules)
+    key = _tree_hash(tree, pool + modules)
     if out.exists():
         data = json.loads(out.read_text())
         if data.get("key") == key:
             return data
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_cover", str(tree), str(out), ",".join(PACKAGES[package]),
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_cover", str(tree), str(out), ",".join(pool),
            *modules]
     subprocess.run(cmd, check=True, env=_env(), stdout=subprocess.DEVNULL)
     data = json.loads(out.read_text())
@@ -700,17 +701,18 @@ def _sha(path: Path) -> str:
 
 
 def run_package(package: str, modules: list[str], tree: Path, work: Path, equivalent: dict, check_eq: bool,
-                earlier: dict | None = None) -> dict:
-    """Run the mutants of ``modules`` against ``package``'s pool. ``earlier`` (a detail file): a module unchanged since
-    that run (same sha256) runs only the mutants that survived it; the others count as killed (tests were only
-    added)."""
+                earlier: dict | None = None, pool: list[str] | None = None) -> dict:
+    """Run the mutants of ``modules`` against ``package``'s pool (or ``pool``). ``earlier`` (a detail file): a module
+    unchanged since that run (same sha256) runs only the mutants that survived it; the others count as killed (tests
+    were only added, so ``pool`` may then name just the new test files)."""
     t0 = time.time()
-    cover = coverage_map(tree, work, package, modules)
+    pool = pool or PACKAGES[package]
+    cover = coverage_map(tree, work, package, modules, pool)
     print(f"[{package}] coverage run: {len(cover['durations'])} tests, {time.time() - t0:.0f} s, "
           f"{len(cover['failed'])} failing (left out): {cover['failed'][:5]}", flush=True)
     timeout = lambda tests: 5 * sum(cover["durations"].get(t, 1.0) for t in tests) + 60  # noqa: E731
     every = sorted({t for m in modules for ts in cover["lines"][m].values() for t in ts} - {"<import>"}
-                   - set(cover["failed"]), key=lambda t: cover["durations"].get(t, 0.0))
+                   - set(cover["failed"]), key=lambda t: cover["durations"].get(t, 0.0))[:BASELINE_TESTS]
     mutants = {module: collect_mutants(module, tree) for module in modules}
     session, fresh, by_id = [{"id": "baseline", "tests": every, "timeout": timeout(every)}], [], {}
     for module, ms in mutants.items():
@@ -735,7 +737,7 @@ def run_package(package: str, modules: list[str], tree: Path, work: Path, equiva
             (fresh if at_import or m.func is None else session).append(job)
     print(f"[{package}] {sum(map(len, mutants.values()))} mutants: {len(session) - 1} in the session server, "
           f"{len(fresh)} with a fresh import", flush=True)
-    results = _run_worker("session", tree, work, PACKAGES[package], session)
+    results = _run_worker("session", tree, work, pool, session)
     if results.get("baseline") != "survived":
         sys.exit(f"the unmutated tree fails its tests in the harness ({results.get('baseline')}); see "
                  f"{work / 'last_mutant.log'}")
@@ -807,6 +809,8 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/pyro_sparsegp_mutation")
     p.add_argument("--list", action="store_true", help="print the mutants and run nothing")
     p.add_argument("--check-equivalent", action="store_true", help="run the listed equivalent mutants too")
+    p.add_argument("--pool", nargs="+", help="test files or folders to judge by, instead of the package's (with "
+                   "--survivors-of: the tests added since that run)")
     p.add_argument("--survivors-of", metavar="DETAIL", help="a detail file of an earlier run: in modules unchanged "
                    "since, run only its survivors and count the rest as killed")
     args = p.parse_args()
@@ -825,7 +829,7 @@ def main() -> None:
     earlier = json.loads(Path(args.survivors_of).read_text()) if args.survivors_of else None
     tree = make_tree(work)
     for package, modules in by_package.items():
-        run = run_package(package, modules, tree, work, equivalent, args.check_equivalent, earlier)
+        run = run_package(package, modules, tree, work, equivalent, args.check_equivalent, earlier, args.pool)
         for module, (counts, mutants) in run["results"].items():
             detail.setdefault("sources", {})[module] = _sha(tree / module)
             if sum(counts.values()):
