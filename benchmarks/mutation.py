@@ -1,6 +1,7 @@
 """Mutation testing of the packages where a wrong line gives a wrong number (issue 45, item 3): each mutant (one
 small change of one line) is run against the tests of its package that execute that line; a failing test kills it.
 
+    pip install -e ".[test,bench]"   # coverage
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/mutation.py [TARGET ...] [--score PATH] [--detail PATH]
         [--work DIR] [--list] [--check-equivalent]
 
