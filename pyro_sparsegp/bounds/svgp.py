@@ -52,7 +52,8 @@ def exact_log_marginal(y: torch.Tensor, noise_var, Kff: torch.Tensor) -> torch.T
     likelihood, which the bounds reach when ``Z = X`` (the limit of Hensman 2013, section 2, and of Titsias 2009).
     ``y [..., N]``, ``Kff [..., N, N]``, ``noise_var`` a scalar or ``[...]`` -> ``[...]``."""
     N = y.shape[-1]
-    C = Kff + noise_var * torch.eye(N, dtype=Kff.dtype, device=Kff.device)
+    s = torch.as_tensor(noise_var, dtype=Kff.dtype, device=Kff.device)  # a scalar or [...]
+    C = Kff + s[..., None, None] * torch.eye(N, dtype=Kff.dtype, device=Kff.device)
     Lc = torch.linalg.cholesky(C)
     a = solve_lower(Lc, y.unsqueeze(-1)).squeeze(-1)
     return -0.5 * (N * math.log(2 * math.pi) + a.pow(2).sum(-1)) - Lc.diagonal(dim1=-2, dim2=-1).log().sum(-1)
@@ -144,8 +145,8 @@ def optimal_qu(y, noise_var, Kuu, Kuf) -> tuple[torch.Tensor, torch.Tensor]:
     """
     s = noise_var if torch.is_tensor(noise_var) else torch.tensor(noise_var, dtype=Kuu.dtype)
     Kinv = torch.linalg.inv(Kuu)
-    Lam = Kinv @ Kuf @ Kuf.mT @ Kinv / s + Kinv
+    Lam = Kinv @ Kuf @ Kuf.mT @ Kinv / s[..., None, None] + Kinv
     S = torch.linalg.inv(Lam)
     S = 0.5 * (S + S.mT)
-    m = (S @ Kinv @ Kuf @ y.unsqueeze(-1)).squeeze(-1) / s
+    m = (S @ Kinv @ Kuf @ y.unsqueeze(-1)).squeeze(-1) / s[..., None]
     return m, torch.linalg.cholesky(S)

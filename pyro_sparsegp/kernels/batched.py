@@ -195,7 +195,7 @@ def _sqdist_by_differences(Xc, Zc, ls):
         for i in range(0, Xc.shape[-2], rows)
     ]
     if not parts:
-        return Xc.new_zeros(torch.broadcast_shapes(Xc.shape[:-1], Zc.shape[:-2]) + Zc.shape[-2:-1])
+        return Xc.new_zeros(batch + Xc.shape[-2:-1] + Zc.shape[-2:-1])  # no rows: [..., 0, M]
     return torch.cat(parts, -2) if len(parts) > 1 else parts[0]
 
 
