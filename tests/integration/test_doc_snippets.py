@@ -70,11 +70,11 @@ Z = X[:8].clone()
 # page -> {index of the block it runs before: code}. Index 0 is the page's own setup.
 SETUP = {
     "README.md": {
-        # blocks 0 and 2+ define or re-bind their data; the "More" blocks use X, y, Z, D of the reader's problem
-        1: _DATA + "D = 4\n",
-        3: _DATA + "y01 = (y > 0).to(y.dtype)\n",
+        # blocks 0, 1 and 3+ define or re-bind their data; the "More" blocks use X, y, Z, D of the reader's problem
+        2: _DATA + "D = 4\n",
+        4: _DATA + "y01 = (y > 0).to(y.dtype)\n",
         # 28x28 greyscale images as rows [N, 784]: inducing patches Zp [8, 25], orthogonal patches O, images Zimg
-        4: """
+        5: """
 import torch
 from pyro_sparsegp.conv import init_patches
 X = torch.rand(16, 784)
