@@ -108,22 +108,30 @@ def as_tensor(x, name: str, dtype: torch.dtype | None = None, device=None, float
     return x.to(device=device if device is not None else x.device, dtype=target)
 
 
-def as_targets(y: torch.Tensor, N: int, num_outputs: int | None, per_output: bool) -> torch.Tensor:
-    """``y`` in the layout a layer takes: ``[..., N]`` for one output or one label per row (``per_output`` False),
-    ``[..., N, L]`` for ``L = num_outputs`` element-wise outputs. A single output given as ``[N, 1]`` (the GPflow
-    and scikit-learn column habit) becomes ``[N]``. Raises ``ValueError`` naming ``N`` and ``L``. Input checking:
-    implements no paper equation."""
+def as_targets(y: torch.Tensor, N: int, num_outputs: int | None, per_output: bool, likelihood=None) -> torch.Tensor:
+    """``y`` in the layout a layer takes: ``[..., N]`` for one output or one observation per row read by several
+    latent functions (``per_output`` False), ``[..., N, L]`` for ``L = num_outputs`` element-wise outputs. A single
+    output given as ``[N, 1]`` (the GPflow and scikit-learn column habit) becomes ``[N]``. Raises ``ValueError``
+    naming ``N`` and ``L``, and for a ``likelihood`` of several latent functions what its ``y`` is (class labels
+    for a multi-class one, one value per row otherwise). Input checking: implements no paper equation."""
     want_cols = num_outputs if per_output else None
     if want_cols is None and y.dim() >= 2 and y.shape[-2:] == (N, 1):
         y = y[..., 0]
     if want_cols is None:
         if y.dim() >= 1 and y.shape[-1] == N:
             return y
-        what = "one value per row of X" if not (num_outputs and not per_output) else "one class label per row of X"
+        name = type(likelihood).__name__
+        classes = getattr(likelihood, "num_classes", None) is not None
+        what = ("one class label per row of X" if classes else
+                f"one value per row of X, which the {num_outputs} latent functions of {name} read together"
+                if num_outputs and not per_output else "one value per row of X")
         hint = ""
         if y.dim() == 2 and y.shape[0] == N and y.shape[1] > 1:  # L columns for a layer of one output (or labels)
-            hint = (f"; for {y.shape[1]} outputs build the layer with num_outputs={y.shape[1]}" if "value" in what
-                    else "; give the labels 0..K-1, not one-hot rows")
+            hint = ("; give the labels 0..K-1, not one-hot rows" if classes else
+                    f"; {name}'s {num_outputs} latent functions are not outputs: give one y per row, or "
+                    f"model {y.shape[1]} outputs with num_outputs={y.shape[1]} and a one-latent likelihood"
+                    if num_outputs and not per_output else
+                    f"; for {y.shape[1]} outputs build the layer with num_outputs={y.shape[1]}")
         raise ValueError(f"y must be [N] = [{N}] ({what}; [N, 1] is accepted too), got shape {tuple(y.shape)}{hint}")
     if y.dim() >= 2 and y.shape[-2:] == (N, want_cols):
         return y

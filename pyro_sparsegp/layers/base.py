@@ -225,7 +225,7 @@ class LayerData:
         if y is not None:
             lik = self.likelihood
             per_output = self.num_outputs is not None and lik is not None and lik.latent_dim == 1
-            y = as_targets(y, X.shape[-2], self.num_outputs, per_output)
+            y = as_targets(y, X.shape[-2], self.num_outputs, per_output, lik)
             check_targets(lik, y, per_output)  # NaN: a missing output (L outputs), else an error
         return X, y
 

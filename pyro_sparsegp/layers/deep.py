@@ -166,7 +166,7 @@ class DeepGP(DeepPrediction, Saveable, PyroModule):
             last, lik = self.last, self.likelihood
             y = as_tensor(y, "y", X.dtype, X.device, floating=False)
             per_output = bool(last.num_outputs) and lik.latent_dim == 1
-            y = as_targets(y, X.shape[-2], last.num_outputs, per_output)
+            y = as_targets(y, X.shape[-2], last.num_outputs, per_output, lik)
             check_targets(lik, y, per_output)  # NaN: a missing output (masked), else an error
         return X, y
 

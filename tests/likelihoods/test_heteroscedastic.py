@@ -102,3 +102,16 @@ def test_fit_recovers_the_noise_function():
     # Trace_ELBO runs on the sampled two-latent site
     loss = Trace_ELBO(num_particles=2, vectorize_particles=True, max_plate_nesting=2).loss(gp.model, gp.guide, X, y)
     assert math.isfinite(loss)
+
+
+def test_two_columns_of_y_are_refused_with_what_y_is():
+    """``y [N, 2]`` for a heteroscedastic layer is a mistake about the latents (they are not outputs): the error says
+    so, where a multi-class layer's says labels, not one-hot rows."""
+    X = torch.linspace(-1, 1, 30).unsqueeze(-1)
+    het = ps.SVGP(RBF(1), X[::5].clone(), ps.HeteroscedasticGaussian())
+    with pytest.raises(ValueError, match=r"HeteroscedasticGaussian's 2 latent functions are not outputs"):
+        het.check_inputs(X, torch.randn(30, 2))
+    assert het.check_inputs(X, torch.randn(30, 1))[1].shape == (30,)
+    mc = ps.SVGP(RBF(1), X[::5].clone(), ps.RobustMax(3), num_outputs=3)
+    with pytest.raises(ValueError, match="not one-hot rows"):
+        mc.check_inputs(X, torch.zeros(30, 3))
