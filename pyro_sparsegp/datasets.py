@@ -217,6 +217,12 @@ def load_nyc_weather(variable: str = "temp", start: str = "2013-01-01", days: in
 def standardize(train: torch.Tensor, *others: torch.Tensor):
     """Shift and scale by the training mean and standard deviation (per column); returns the transformed tensors
     followed by ``(mean, std)``. ``train [N, D]`` (or ``[N]``) and each of ``others`` ``[T, D]`` keep their shapes;
-    ``mean`` and ``std`` are ``[D]`` (or ``[]``)."""
-    mean, std = train.mean(0), train.std(0).clamp(min=1e-12)
+    ``mean`` and ``std`` are ``[D]`` (or ``[]``). NaN entries (missing outputs, as in :func:`load_nyc_weather`) are
+    left out of each column's mean and standard deviation and stay NaN."""
+    seen = (~train.isnan()).sum(0)  # [D]: observed entries per column
+    if (seen < 2).any():
+        raise ValueError("standardize: every column of train needs at least 2 observed (not NaN) values; drop the "
+                         f"columns with fewer (observed per column: {seen.tolist()})")
+    mean = train.nansum(0) / seen
+    std = ((train - mean).pow(2).nansum(0) / (seen - 1)).sqrt().clamp(min=1e-12)
     return ((train - mean) / std, *[(o - mean) / std for o in others], mean, std)

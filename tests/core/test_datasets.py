@@ -128,3 +128,21 @@ def test_nyc_weather_default_window_and_dtype():
 def test_nyc_weather_bad_arguments_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ds.load_nyc_weather(**kwargs)
+
+
+def test_standardize_skips_missing_entries_as_pandas_does():
+    """``standardize`` on targets with NaN (the weather loader's) uses each column's observed entries only, as
+    pandas' ``mean``/``std`` do; it used to return NaN everywhere."""
+    s = ds.load_nyc_weather(dtype=torch.float64)
+    y, yt, mean, std = ds.standardize(s.y_train, s.y_test)
+    frame = pd.DataFrame(_np(s.y_train))
+    np.testing.assert_allclose(_np(mean), frame.mean().to_numpy(), rtol=1e-12)
+    np.testing.assert_allclose(_np(std), frame.std().to_numpy(), rtol=1e-12)
+    assert torch.equal(y.isnan(), s.y_train.isnan()) and torch.equal(yt.isnan(), s.y_test.isnan())
+    np.testing.assert_allclose(_np(y), ((frame - frame.mean()) / frame.std()).to_numpy(), rtol=1e-10)
+    x = torch.tensor([[1.0, 2.0], [3.0, float("nan")], [5.0, float("nan")]])
+    with pytest.raises(ValueError, match="at least 2 observed"):
+        ds.standardize(x)
+    full = torch.tensor([[1.0, 2.0], [3.0, 7.0], [6.0, 9.0]])  # no NaN: the plain mean and unbiased sd
+    _, m, sd = ds.standardize(full)
+    assert torch.allclose(m, full.mean(0)) and torch.allclose(sd, full.std(0))
