@@ -31,6 +31,7 @@ import torch
 
 from . import deferred
 from ._matrix_checks import _check_factorisable
+from .reporting import warn as _reporting_warn
 
 __all__ = [
     "CholeskyJitterWarning",
@@ -58,7 +59,6 @@ class IllConditionedWarning(UserWarning):
 _REPORTED: set = set()
 _RESET_HOOKS: list = []  # other modules' memories of what they checked or reported
 
-
 def reset_warnings() -> None:
     """Forget which causes the package has reported (here and in :mod:`pyro_sparsegp.validation`), so that each
     warns again (once). Takes and returns no tensor, so shapes do not apply."""
@@ -70,21 +70,16 @@ def reset_warnings() -> None:
 def _warn_once(cause, message, category, stacklevel=None, layer=None):
     """Warn once per ``cause`` through :func:`pyro_sparsegp.reporting.warn` (the layer and the step appended, the
     user's line pointed at; ``stacklevel`` is ignored: kept for callers that still pass it)."""
-    if cause in _REPORTED:
-        return
-    _REPORTED.add(cause)
-    from .reporting import warn
-
-    warn(message, category, layer=layer)
+    if cause not in _REPORTED:
+        _REPORTED.add(cause)
+        _reporting_warn(message, category, layer=layer)
 
 
 #: The advice of :class:`IllConditionedWarning` for the inducing inputs' kernel matrix of an un-whitened layer.
-KUU_ADVICE = (
-    "For the inducing inputs' kernel matrix Kuu this means duplicate or near-duplicate inducing inputs (or a "
-    "lengthscale much larger than their spread), and the un-whitened bound uses its inverse, which the jitter then "
-    "dominates: use whiten=True (the layers' default, which never inverts it), or remove duplicate inducing inputs "
-    "/ use fewer of them."
-)
+KUU_ADVICE = ("For the inducing inputs' kernel matrix Kuu this means duplicate or near-duplicate inducing inputs (or "
+              "a lengthscale much larger than their spread), and the un-whitened bound uses its inverse, which the "
+              "jitter then dominates: use whiten=True (the layers' default, which never inverts it), or remove "
+              "duplicate inducing inputs / use fewer of them.")
 #: The advice for ``Kuu`` where the method itself needs its inverse (EP, SEP, MFSp): whitening is not an option.
 KUU_INVERSE_ADVICE = (
     "This is the inducing inputs' kernel matrix Kuu, whose inverse this method uses (the jitter then dominates it): "

@@ -48,17 +48,11 @@ class LayoutError(ValueError):
 
 
 def _aliases(cls) -> dict:
-    """Constructor arguments that a class keeps under another attribute (dotted paths), over its MRO."""
-    from .layers import ODVGP, SVGP, ConvLayer
-    from .layers.solvegp import OrthogonalInputs
-
-    table = {SVGP: {"Z": "inducing"}, OrthogonalInputs: {"O": "orthogonal"},
-             ODVGP: {"Z": "inducing.Z", "O": "orthogonal.Z"},  # tensors: ODVGP takes inducing points only
-             ConvLayer: {"base_kernel": "gp.kernel", "Z": "gp.inducing", "O": "gp.orthogonal", "whiten": "gp.whiten",
-                         "jitter": "gp.jitter"}}
+    """Constructor arguments that a class keeps under another attribute (dotted paths), over its MRO: each class's
+    own ``_saving_aliases`` (the layers declare theirs, so this module imports none of them)."""
     out = {}
     for c in reversed(cls.__mro__):
-        out.update(table.get(c, {}))
+        out.update(c.__dict__.get("_saving_aliases", {}))
     return out
 
 

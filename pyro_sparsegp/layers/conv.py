@@ -63,6 +63,9 @@ class ConvLayer(PyroModule):
     ``gp`` is the underlying :class:`~pyro_sparsegp.SVGP` / :class:`~pyro_sparsegp.SOLVEGP` over patches with
     ``num_outputs = C_out``. ``output_image_shape = (H_out, W_out, C_out)``; ``output_dim = H_out*W_out*C_out``.
     """
+    # constructor arguments kept under another attribute (dotted path): read by saving.describe
+    _saving_aliases = {"base_kernel": "gp.kernel", "Z": "gp.inducing", "O": "gp.orthogonal", "whiten": "gp.whiten",
+                      "jitter": "gp.jitter"}
 
     def __init__(
         self,

@@ -88,6 +88,8 @@ class ODVGP(OrthogonalInputs, SVGP):
     :meth:`analytic_elbo` (``pyro_sparsegp.infer.fit(gp, X, y)`` does: its default ``elbo="analytic"``); the
     Pyro ``model``/``guide`` pair is not provided (sampling ``q(v⊥)`` would need ``chol(C_vv)``, cubic in ``M2``).
     """
+    # constructor arguments kept under another attribute (dotted path): read by saving.describe
+    _saving_aliases = {"Z": "inducing.Z", "O": "orthogonal.Z"}
 
     def __init__(self, kernel, Z, O, likelihood=None, num_subsample=None, whiten=True, name=None, jitter=None,
                  mean_function=None):

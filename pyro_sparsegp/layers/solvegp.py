@@ -53,6 +53,8 @@ class OrthogonalInputs:
     """``O``, the orthogonal inducing inputs (or patches) ``[(L,) M2, d]`` of a layer with an ``orthogonal``
     inducing variable (SOLVE-GP, ODVGP): ``self.orthogonal.Z`` under the papers' name (Shi, Titsias, Mnih 2020,
     section 3.3)."""
+    # constructor arguments kept under another attribute (dotted path): read by saving.describe
+    _saving_aliases = {"O": "orthogonal"}
 
     @property
     def O(self) -> torch.Tensor:  # noqa: E743 (the paper's name)

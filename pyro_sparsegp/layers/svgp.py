@@ -80,6 +80,7 @@ class SVGP(Outputs, LayerData, Prediction, KeepsOwnName, PyroModule):
     output is missing: masked out of the bound) and ``[N]`` for a likelihood of ``L`` latent functions
     (``likelihood.latent_dim == L``, e.g. robust-max).
     """
+    _saving_aliases = {"Z": "inducing"}  # constructor arguments kept elsewhere: read by saving.describe
 
     def __init__(self, kernel, Z: torch.Tensor, likelihood: Likelihood | None = None, num_outputs: int | None = None,
                  whiten: bool = True, name: str | None = None, integrate_f: bool | None = None,
