@@ -158,12 +158,9 @@ METHODS = {
     "gpytorch_poisson_ngd": rd.Method(lambda t, c: run_gpytorch(t, c, False, ngd=True), "gpytorch"),
     "gpytorch_negbin": rd.Method(lambda t, c: run_gpytorch(t, c, True), "gpytorch", peer="gpytorch_negbin_ngd"),
     "gpytorch_negbin_ngd": rd.Method(lambda t, c: run_gpytorch(t, c, True, ngd=True), "gpytorch"),
-    # hooks: ps.Poisson and ps.NegativeBinomial come from the likelihood branches
-    "ours_poisson": rd.Method(lambda t, c: run_ours(t, c, ps.Poisson()), "pyro_sparsegp", peer="gpytorch_poisson_ngd",
-                              needs=rd.needs_attr(ps, "Poisson", "ps.Poisson")),
+    "ours_poisson": rd.Method(lambda t, c: run_ours(t, c, ps.Poisson()), "pyro_sparsegp", peer="gpytorch_poisson_ngd"),
     "ours_negbin": rd.Method(lambda t, c: run_ours(t, c, ps.NegativeBinomial()), "pyro_sparsegp",
-                             peer="gpytorch_negbin_ngd",
-                             needs=rd.needs_attr(ps, "NegativeBinomial", "ps.NegativeBinomial")),
+                             peer="gpytorch_negbin_ngd"),
 }
 
 

@@ -203,9 +203,7 @@ METHODS = {
     "gpytorch_het": rd.Method(run_gpytorch_het, "gpytorch", peer="gpytorch_het_ngd"),
     "gpytorch_het_ngd": rd.Method(lambda t, c: run_gpytorch_het(t, c, ngd=True), "gpytorch"),
     "ours_svgp": rd.Method(run_ours, "pyro_sparsegp", peer="gpytorch_svgp_ngd"),
-    # hook: ps.HeteroscedasticGaussian comes from the likelihood branch
-    "ours_het": rd.Method(run_ours_het, "pyro_sparsegp", peer="gpytorch_het_ngd",
-                          needs=rd.needs_attr(ps, "HeteroscedasticGaussian", "ps.HeteroscedasticGaussian")),
+    "ours_het": rd.Method(run_ours_het, "pyro_sparsegp", peer="gpytorch_het_ngd"),
 }
 
 

@@ -164,21 +164,13 @@ def run_ours_lmc(task: Task, cfg) -> rd.Trace:
     return _ours(task, task.X, task.y, cfg, num_latents=cfg.latents)
 
 
-def _has_lmc() -> str | None:
-    import inspect
-
-    return None if "num_latents" in inspect.signature(ps.SVGP).parameters else "ps.SVGP(num_latents=) is not on " \
-        "this branch"
-
-
 METHODS = {
     "gpytorch_lmc": rd.Method(lambda t, c: run_gpytorch(t, c, lmc=True), "gpytorch", peer="gpytorch_lmc_ngd"),
     "gpytorch_lmc_ngd": rd.Method(lambda t, c: run_gpytorch(t, c, lmc=True, ngd=True), "gpytorch"),
     "gpytorch_indep": rd.Method(lambda t, c: run_gpytorch(t, c, lmc=False), "gpytorch", peer="gpytorch_lmc_ngd"),
     "ours_indep": rd.Method(run_ours_indep, "pyro_sparsegp", peer="gpytorch_lmc_ngd"),
     "ours_indep_each": rd.Method(run_ours_each, "pyro_sparsegp", peer="gpytorch_lmc_ngd"),
-    # hook: LMC (num_latents, NaN-masked y) comes from the multi-output branch
-    "ours_lmc": rd.Method(run_ours_lmc, "pyro_sparsegp", peer="gpytorch_lmc_ngd", needs=_has_lmc),
+    "ours_lmc": rd.Method(run_ours_lmc, "pyro_sparsegp", peer="gpytorch_lmc_ngd"),
 }
 
 
