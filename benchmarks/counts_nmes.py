@@ -44,8 +44,11 @@ import warnings
 from dataclasses import dataclass
 
 import _realdata as rd
+import pyro.distributions as dist
 import torch
 from _common import machine_note, parser, setup, table, write_json
+from pyro.nn import PyroModule, PyroParam
+from torch.distributions import constraints
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.datasets import load_nmes1988, standardize
@@ -71,15 +74,19 @@ def load_task(split: int, M: int, seed: int = 0) -> Task:
 
 
 # -- GLMs -----------------------------------------------------------------------------------------------------------
-def glm_distribution(eta, log_alpha=None):
-    """Poisson(exp(eta)), or NB2 with mean exp(eta) and variance mu + alpha mu^2 (total count 1/alpha)."""
+def glm_distribution(eta, log_alpha=None, nb1: bool = False):
+    """Poisson(exp(eta)), or NB2 with mean exp(eta) and variance mu + alpha mu^2 (total count 1/alpha), or (``nb1``)
+    NB1 with variance mu (1 + alpha) (total count mu / alpha, logits log alpha)."""
     if log_alpha is None:
         return torch.distributions.Poisson(eta.exp())
+    if nb1:
+        return torch.distributions.NegativeBinomial(total_count=(eta - log_alpha).exp(),
+                                                    logits=log_alpha.expand(eta.shape))
     r = (-log_alpha).exp()
     return torch.distributions.NegativeBinomial(total_count=r, logits=eta - r.log())
 
 
-def run_glm(task: Task, cfg, negbin: bool) -> rd.Trace:
+def run_glm(task: Task, cfg, negbin: bool, nb1: bool = False) -> rd.Trace:
     X1, Xt1 = (torch.cat([torch.ones(len(A), 1), A], 1) for A in (task.X, task.Xt))
     beta = torch.zeros(X1.shape[1])
     beta[0] = task.y.mean().log()
@@ -87,14 +94,14 @@ def run_glm(task: Task, cfg, negbin: bool) -> rd.Trace:
     params = [beta] + ([torch.zeros((), requires_grad=True)] if negbin else [])
 
     def evaluate():
-        d = glm_distribution(Xt1 @ beta, *params[1:])
+        d = glm_distribution(Xt1 @ beta, *params[1:], nb1=nb1)
         return {"test_nlpd": -d.log_prob(task.yt).mean().item(), "rmse": (d.mean - task.yt).pow(2).mean().sqrt().item()}
 
     opt = torch.optim.LBFGS(params, lr=1.0, max_iter=1, line_search_fn="strong_wolfe")
 
     def closure():
         opt.zero_grad()
-        loss = -glm_distribution(X1 @ beta, *params[1:]).log_prob(task.y).mean()
+        loss = -glm_distribution(X1 @ beta, *params[1:], nb1=nb1).log_prob(task.y).mean()
         loss.backward()
         return loss
 
@@ -133,14 +140,15 @@ def run_gpytorch(task: Task, cfg, negbin: bool, ngd: bool = False) -> rd.Trace:
 
 
 # -- ours (hooks: ps.Poisson and ps.NegativeBinomial come from the likelihood branches) ------------------------------
-def run_ours(task: Task, cfg, likelihood) -> rd.Trace:
+def run_ours(task: Task, cfg, likelihood, link: str = "log") -> rd.Trace:
     from pyro.contrib.gp.kernels import RBF
 
     from pyro_sparsegp.mean_functions import Constant, Linear
 
     D = task.X.shape[1]
-    log_mean = task.y.mean().log()  # the log link's inverse of the mean count
-    mean_fn = Constant(1, log_mean) if cfg.mean == "constant" else Linear(D, 1, b=log_mean.reshape(1))
+    m = task.y.mean()  # the prior mean starts at the link's inverse of the mean count
+    start = m.log() if link == "log" else m.expm1().log()
+    mean_fn = Constant(1, start) if cfg.mean == "constant" else Linear(D, 1, b=start.reshape(1))
     gp = ps.SVGP(RBF(D, lengthscale=torch.ones(D)), task.Z.clone(), likelihood, mean_function=mean_fn)
 
     def evaluate():
@@ -151,9 +159,28 @@ def run_ours(task: Task, cfg, likelihood) -> rd.Trace:
     return rd.ours_fit(gp, task.X, task.y, cfg.steps, cfg.batch, rd.Trace(evaluate, cfg.every), lr=LR)
 
 
+class SoftplusNB1(PyroModule):
+    """GPyTorch's ``NegativeBinomialLikelihood`` written for ``ps.likelihoods.from_distribution`` (the documented
+    route to a likelihood of one's own): mean ``softplus(f)``, variance ``mean (1 + alpha)`` (NB1), ``alpha`` a
+    positive ``PyroParam`` started at 1 (GPyTorch's p = 1/2). ``f`` ``[..., B]``."""
+
+    def __init__(self):
+        super().__init__()
+        self.dispersion = PyroParam(torch.tensor(1.0), constraints.positive)
+
+    def forward(self, f):
+        alpha = self.dispersion
+        return dist.NegativeBinomial(torch.nn.functional.softplus(f) / alpha, logits=alpha.log().expand(f.shape))
+
+
+def softplus_nb1():
+    return ps.likelihoods.from_distribution(SoftplusNB1(), support=constraints.nonnegative_integer)
+
+
 METHODS = {
     "glm_poisson": rd.Method(lambda t, c: run_glm(t, c, False), "torch", peer="gpytorch_poisson_ngd"),
     "glm_negbin": rd.Method(lambda t, c: run_glm(t, c, True), "torch", peer="gpytorch_negbin_ngd"),
+    "glm_negbin1": rd.Method(lambda t, c: run_glm(t, c, True, nb1=True), "torch", peer="gpytorch_negbin_ngd"),
     "gpytorch_poisson": rd.Method(lambda t, c: run_gpytorch(t, c, False), "gpytorch", peer="gpytorch_poisson_ngd"),
     "gpytorch_poisson_ngd": rd.Method(lambda t, c: run_gpytorch(t, c, False, ngd=True), "gpytorch"),
     "gpytorch_negbin": rd.Method(lambda t, c: run_gpytorch(t, c, True), "gpytorch", peer="gpytorch_negbin_ngd"),
@@ -161,6 +188,10 @@ METHODS = {
     "ours_poisson": rd.Method(lambda t, c: run_ours(t, c, ps.Poisson()), "pyro_sparsegp", peer="gpytorch_poisson_ngd"),
     "ours_negbin": rd.Method(lambda t, c: run_ours(t, c, ps.NegativeBinomial()), "pyro_sparsegp",
                              peer="gpytorch_negbin_ngd"),
+    "ours_negbin1": rd.Method(lambda t, c: run_ours(t, c, ps.NegativeBinomial(variance="NB1")), "pyro_sparsegp",
+                              peer="gpytorch_negbin_ngd"),
+    "ours_negbin1_softplus": rd.Method(lambda t, c: run_ours(t, c, softplus_nb1(), link="softplus"), "pyro_sparsegp",
+                                       peer="gpytorch_negbin_ngd"),
 }
 
 
