@@ -139,6 +139,51 @@ def summarize(rows: list[dict], keys=("dataset", "method")) -> list[dict]:
     return out
 
 
+def condition(rows: list[dict], label: str, a: str, b: str, rule: str = "beats", timed: bool = False,
+              dataset: str | None = None) -> dict | None:
+    """One done-when condition of issue 47 over the splits both ``a`` and ``b`` ran (``dataset``: only its rows):
+    the paired differences of final test NLPD ``a - b`` (mean, standard error, splits on which ``a`` is lower).
+    ``rule``: ``"beats"`` (met when the mean difference is below 0) or ``"no_worse"`` (met when it is at most one
+    standard error above 0). ``timed``: also the splits on which ``a`` reached ``b``'s final test NLPD within ``b``'s
+    training time (its curve against ``b``'s clock), and the condition then needs that on a majority of splits.
+    ``None`` when no split has both."""
+    by = {}
+    for r in rows:
+        if dataset is None or r["dataset"] == dataset:
+            by.setdefault((r["dataset"], r["split"]), {})[r["method"]] = r
+    pairs = [(c[a], c[b]) for c in by.values() if a in c and b in c]
+    if not pairs:
+        return None
+    d = np.array([ra["test_nlpd"] - rb["test_nlpd"] for ra, rb in pairs])
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
+    out = {"condition": label, "a": a, "b": b, "rule": rule, "splits": len(d), "nlpd_diff": float(d.mean()),
+           "nlpd_diff_se": se, "a_lower": int((d < 0).sum())}
+    met = out["nlpd_diff"] < 0 if rule == "beats" else out["nlpd_diff"] <= se
+    text = (f"{label}: {a} - {b} = {out['nlpd_diff']:+.4f} ± {se:.4f} nats (test NLPD), {a} lower on "
+            f"{out['a_lower']}/{len(d)} splits")
+    if timed:
+        within = []
+        for ra, rb in pairs:
+            t = next((clock for _, clock, nlpd in ra["curve"] if nlpd <= rb["test_nlpd"]), None)
+            within.append(t is not None and t <= rb["time_s"])
+        out["in_time"] = int(sum(within))
+        met = met and 2 * out["in_time"] > len(d)
+        text += f"; reached {b}'s final NLPD within {b}'s time on {out['in_time']}/{len(d)}"
+    out["met"] = bool(met)
+    out["text"] = text + f" -> {'met' if met else 'NOT met'} ({rule})"
+    return out
+
+
+def conditions(rows: list[dict], specs: list[tuple], log=print) -> list[dict]:
+    """The done-when conditions ``specs`` (each the arguments of :func:`condition` after ``rows``) that have rows,
+    printed one a line under the heading "Done when"."""
+    out = [c for spec in specs if (c := condition(rows, *spec[:3], **(spec[3] if len(spec) > 3 else {})))]
+    log("\nDone when (issue 47):")
+    for c in out:
+        log("  " + c["text"])
+    return out
+
+
 def run_methods(methods: dict, names: list[str], task, cfg, log=print) -> dict:
     """Run the runnable ``names`` of ``methods`` on ``task``; a method that cannot run here is reported once."""
     runs = {}

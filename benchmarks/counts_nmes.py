@@ -194,6 +194,19 @@ METHODS = {
                                        peer="gpytorch_negbin_ngd"),
 }
 
+DONE_WHEN = [  # issue 47: (label, a, b[, options]) for _realdata.condition
+    ("NB vs Poisson", "ours_negbin", "ours_poisson"),
+    ("NB1 vs Poisson", "ours_negbin1", "ours_poisson"),
+    ("NB vs its GLM", "ours_negbin", "glm_negbin", {"rule": "no_worse"}),
+    ("NB1 vs its GLM", "ours_negbin1", "glm_negbin1", {"rule": "no_worse"}),
+    ("softplus-NB1 vs the NB1 GLM", "ours_negbin1_softplus", "glm_negbin1", {"rule": "no_worse"}),
+    ("NB vs GPyTorch NB (NGD)", "ours_negbin", "gpytorch_negbin_ngd", {"timed": True}),
+    ("NB1 vs GPyTorch NB (NGD)", "ours_negbin1", "gpytorch_negbin_ngd", {"timed": True}),
+    ("GPyTorch's NB model, ours vs GPyTorch (NGD)", "ours_negbin1_softplus", "gpytorch_negbin_ngd", {"timed": True}),
+    ("GPyTorch's NB model, ours vs GPyTorch (Adam)", "ours_negbin1_softplus", "gpytorch_negbin", {"timed": True}),
+    ("Poisson vs GPyTorch Poisson (NGD)", "ours_poisson", "gpytorch_poisson_ngd", {"timed": True}),
+]
+
 
 def config(argv=None) -> argparse.Namespace:
     p = parser(__doc__)
@@ -240,7 +253,8 @@ def main(argv=None) -> list[dict]:
     print("\nMean over splits (se: standard error; reached: splits on which the peer's final NLPD was reached):")
     print(table(rd.summarize(rows), ["method", "library", "splits", "test_nlpd", "test_nlpd_se", "rmse", "time_s",
                                   "reached", "time_to_peer_s"]))
-    write_json(cfg.json, rows)
+    checks = rd.conditions(rows, DONE_WHEN)
+    write_json(cfg.json, rows + checks)
     return rows
 
 

@@ -186,9 +186,19 @@ def run_ours(task: Task, cfg) -> rd.Trace:
     return rd.ours_fit(gp, task.X, task.y, cfg.steps, batch_size(task, cfg), rd.Trace(evaluate, cfg.every), lr=LR)
 
 
-def run_ours_het(task: Task, cfg) -> rd.Trace:
-    """Hook: ``ps.HeteroscedasticGaussian`` (latent 0: the mean, latent 1: the log noise scale) from its branch."""
-    gp = ps.SVGP(_kernel(task.X.shape[1]), task.Z.clone(), ps.HeteroscedasticGaussian())
+def run_ours_het(task: Task, cfg, separate: bool = False) -> rd.Trace:
+    """``ps.HeteroscedasticGaussian`` (latent 0: the mean, latent 1: the log noise scale), one kernel shared by both
+    latents and zero prior means (the plain call); ``separate``: a kernel per latent (a list of kernels,
+    ``docs/multioutput.md``) and constant prior means started at 0 and ``log sqrt(0.1)`` (``Constant(2, ...)``),
+    GPyTorch's recipe."""
+    from pyro_sparsegp.mean_functions import Constant
+
+    D = task.X.shape[1]
+    if separate:
+        gp = ps.SVGP([_kernel(D), _kernel(D)], task.Z.clone(), ps.HeteroscedasticGaussian(),
+                     mean_function=Constant(2, torch.tensor([0.0, 0.5 * math.log(NOISE)])))
+    else:
+        gp = ps.SVGP(_kernel(D), task.Z.clone(), ps.HeteroscedasticGaussian())
 
     def evaluate():
         mean, var = gp.predict(task.Xt)  # [T, 2] each
@@ -204,7 +214,17 @@ METHODS = {
     "gpytorch_het_ngd": rd.Method(lambda t, c: run_gpytorch_het(t, c, ngd=True), "gpytorch"),
     "ours_svgp": rd.Method(run_ours, "pyro_sparsegp", peer="gpytorch_svgp_ngd"),
     "ours_het": rd.Method(run_ours_het, "pyro_sparsegp", peer="gpytorch_het_ngd"),
+    "ours_het_sep": rd.Method(lambda t, c: run_ours_het(t, c, separate=True), "pyro_sparsegp",
+                              peer="gpytorch_het_ngd"),
 }
+
+DONE_WHEN = [  # issue 47: (label, a, b[, options]) for _realdata.condition, per data set
+    *((f"{d}: heteroscedastic vs homoscedastic", "ours_het", "ours_svgp", {"dataset": d}) for d in DEFAULTS),
+    *((f"{d}: ours vs GPyTorch heteroscedastic (NGD)", "ours_het", "gpytorch_het_ngd", {"dataset": d, "timed": True})
+      for d in DEFAULTS),
+    *((f"{d}: ours vs GPyTorch homoscedastic (NGD)", "ours_svgp", "gpytorch_svgp_ngd", {"dataset": d, "timed": True})
+      for d in DEFAULTS),
+]
 
 
 def config(argv=None) -> argparse.Namespace:
@@ -252,7 +272,8 @@ def main(argv=None) -> list[dict]:
     print("\nMean over splits (se: standard error; reached: splits on which the peer's final NLPD was reached):")
     print(table(rd.summarize(rows), ["dataset", "method", "library", "splits", "test_nlpd", "test_nlpd_se", "rmse",
                                      "time_s", "reached", "time_to_peer_s"]))
-    write_json(cfg.json, rows)
+    checks = rd.conditions(rows, DONE_WHEN)
+    write_json(cfg.json, rows + checks)
     return rows
 
 

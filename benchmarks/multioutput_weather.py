@@ -190,6 +190,13 @@ METHODS = {
     "ours_lmc": rd.Method(run_ours_lmc, "pyro_sparsegp", peer="gpytorch_lmc_ngd"),
 }
 
+DONE_WHEN = [  # issue 47: (label, a, b[, options]) for _realdata.condition
+    ("LMC vs independent (one kernel)", "ours_lmc", "ours_indep"),
+    ("LMC vs independent (a kernel each)", "ours_lmc", "ours_indep_each"),
+    ("LMC vs GPyTorch LMC (NGD)", "ours_lmc", "gpytorch_lmc_ngd", {"rule": "no_worse", "timed": True}),
+    ("LMC vs GPyTorch LMC (Adam)", "ours_lmc", "gpytorch_lmc", {"rule": "no_worse", "timed": True}),
+]
+
 
 def config(argv=None) -> argparse.Namespace:
     p = parser(__doc__)
@@ -237,11 +244,13 @@ def main(argv=None) -> list[dict]:
         write_json(cfg.json, rows) if cfg.json else None
     print("\nNYC weather, held-out blocks (RMSE and NLPD per value in degrees F; time_to_peer_s: "
           "training seconds to gpytorch_lmc_ngd's final test NLPD):")
-    print(table(rows, ["split", "airport", "start_h", "method", "library", "test_nlpd", "rmse", "time_s", "time_to_peer_s", "steps"]))
+    print(table(rows, ["split", "airport", "start_h", "method", "library", "test_nlpd", "rmse", "time_s",
+                       "time_to_peer_s", "steps"]))
     print("\nMean over blocks:")
     print(table(rd.summarize(rows), ["method", "library", "splits", "test_nlpd", "test_nlpd_se", "rmse", "time_s",
                                      "reached", "time_to_peer_s"]))
-    write_json(cfg.json, rows)
+    checks = rd.conditions(rows, DONE_WHEN)
+    write_json(cfg.json, rows + checks)
     return rows
 
 

@@ -338,7 +338,19 @@ def test_real_data_quick_tables(script, tmp_path, capsys):
     finally:
         torch.set_num_threads(threads)
     runnable = [m for m, spec in bench.METHODS.items() if spec.missing() is None]
-    assert [r["method"] for r in rows] == runnable and json.loads(path.read_text()) == rows
+    saved = json.loads(path.read_text())
+    assert [r["method"] for r in rows] == runnable and saved[: len(rows)] == rows
+    checks = saved[len(rows) :]  # the done-when conditions of issue 47 whose two methods both ran
+    def ran(spec):  # both methods of a condition have rows (of its data set, where it names one)
+        on = {r["method"] for r in rows if r["dataset"] == (spec[3] if len(spec) > 3 else {}).get("dataset",
+                                                                                                r["dataset"])}
+        return spec[1] in on and spec[2] in on
+
+    assert checks and [c["condition"] for c in checks] == [spec[0] for spec in bench.DONE_WHEN if ran(spec)]
+    for c in checks:
+        diffs = [a["test_nlpd"] - b["test_nlpd"] for a in rows for b in rows
+                 if (a["method"], b["method"]) == (c["a"], c["b"]) and a["split"] == b["split"]]
+        assert c["nlpd_diff"] == pytest.approx(sum(diffs) / len(diffs)) and c["a_lower"] == sum(d < 0 for d in diffs)
     by_name = {r["method"]: r for r in rows}
     for r in rows:
         assert set(bench.rd.ROW_KEYS) <= set(r) and r["library"] == bench.METHODS[r["method"]].library
@@ -350,6 +362,7 @@ def test_real_data_quick_tables(script, tmp_path, capsys):
         assert r["time_to_peer_s"] == (reached[0] if reached else None)
     out = capsys.readouterr().out
     assert "Mean over" in out and all(f"#   {r['dataset']} split {r['split']} {r['method']}" in out for r in rows)
+    assert "Done when (issue 47):" in out and all(c["text"] in out for c in checks)
     for m, spec in bench.METHODS.items():
         assert (f"# {m}: not run" in out) == (spec.missing() is not None)
 
