@@ -206,6 +206,18 @@ def run_methods(methods: dict, names: list[str], task, cfg, log=print) -> dict:
 run_methods.reported = set()
 
 
+def load_rows(paths: str) -> list[dict]:
+    """The method rows of earlier runs' ``--json`` files (``paths`` comma-separated; their done-when entries, which
+    have a ``condition`` key, are left out and recomputed)."""
+    import json
+
+    rows = []
+    for path in paths.split(","):
+        with open(path) as fh:
+            rows += [r for r in json.load(fh) if "condition" not in r]
+    return rows
+
+
 def parse_splits(text: str) -> list[int]:
     """``"0-9"`` or ``"0,3,5"`` -> the list of split numbers."""
     if "-" in text:

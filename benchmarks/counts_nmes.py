@@ -217,6 +217,8 @@ def config(argv=None) -> argparse.Namespace:
     p.add_argument("--every", type=int, default=None, help="steps between test evaluations (default 50)")
     p.add_argument("--glm-iters", type=int, default=None, help="L-BFGS iterations at most (default 200)")
     p.add_argument("--mean", choices=["constant", "linear"], default="constant", help="the GPs' prior mean")
+    p.add_argument("--summarize", default=None, metavar="A.json,B.json",
+                   help="join the rows of earlier runs' --json files, print the tables and the done-when; run nothing")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated names of METHODS")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
@@ -238,8 +240,8 @@ def main(argv=None) -> list[dict]:
     torch.set_default_dtype(torch.float64)
     print(machine_note(torch.get_num_threads()))
     warnings.filterwarnings("ignore")
-    rows = []
-    for split in cfg.splits:
+    rows = rd.load_rows(cfg.summarize) if cfg.summarize else []
+    for split in [] if cfg.summarize else cfg.splits:
         task = load_task(split, cfg.M, cfg.seed)
         print(f"# nmes1988 split {split}: {len(task.X)} train / {len(task.Xt)} test, D = {task.X.shape[1]}, "
               f"M = {len(task.Z)}, {cfg.steps} steps of {min(cfg.batch, len(task.X))}", flush=True)

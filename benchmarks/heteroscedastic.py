@@ -235,6 +235,8 @@ def config(argv=None) -> argparse.Namespace:
     p.add_argument("--M", type=int, default=None, help="inducing points (default: mcycle 32, protein 64)")
     p.add_argument("--batch", type=int, default=1024, help="minibatch size (mcycle: always the full batch)")
     p.add_argument("--every", type=int, default=None, help="steps between test evaluations (default 50)")
+    p.add_argument("--summarize", default=None, metavar="A.json,B.json",
+                   help="join the rows of earlier runs' --json files, print the tables and the done-when; run nothing")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated names of METHODS")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
@@ -253,8 +255,8 @@ def main(argv=None) -> list[dict]:
     torch.set_default_dtype(torch.float64)
     print(machine_note(torch.get_num_threads()))
     warnings.filterwarnings("ignore")
-    rows = []
-    for name in cfg.datasets:
+    rows = rd.load_rows(cfg.summarize) if cfg.summarize else []
+    for name in [] if cfg.summarize else cfg.datasets:
         splits, M, steps, _ = DEFAULTS[name]
         run_cfg = argparse.Namespace(**{**vars(cfg), "steps": cfg.steps or (20 if cfg.quick else steps)})
         M = cfg.M or (8 if cfg.quick else M)

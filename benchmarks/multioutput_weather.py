@@ -210,6 +210,8 @@ def config(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=256, help="minibatch rows")
     p.add_argument("--variable", choices=["temp", "dewp"], default="temp")
     p.add_argument("--every", type=int, default=None, help="steps between test evaluations (default 50)")
+    p.add_argument("--summarize", default=None, metavar="A.json,B.json",
+                   help="join the rows of earlier runs' --json files, print the tables and the done-when; run nothing")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated names of METHODS")
     a = p.parse_args(argv)
     a.blocks = rd.parse_splits(a.blocks or ("1" if a.quick else f"0-{a.num_blocks - 1}"))
@@ -230,8 +232,8 @@ def main(argv=None) -> list[dict]:
     torch.set_default_dtype(torch.float64)
     print(machine_note(torch.get_num_threads()))
     warnings.filterwarnings("ignore")
-    rows = []
-    for r in cfg.blocks:
+    rows = rd.load_rows(cfg.summarize) if cfg.summarize else []
+    for r in [] if cfg.summarize else cfg.blocks:
         cfg.seed = r
         task = load_task(cfg, r)
         print(f"# nyc_weather {cfg.variable}, block {r}: {len(task.X)} hours x 3 airports "
