@@ -5,7 +5,7 @@ homoscedastic ``ps.SVGP`` with ``ps.Gaussian`` and, as a hook that runs once ``p
 branch, ``ps.SVGP(kernel, Z, ps.HeteroscedasticGaussian())``.
 
     PYTHONPATH=. python benchmarks/heteroscedastic.py [--quick] [--json PATH] [--datasets mcycle,protein]
-        [--splits 0-9] [--steps S] [--M M] [--methods a,b,...]
+        [--splits 0-9] [--steps S] [--M M] [--methods a,b,...] [--summarize A.json,B.json]
 
 Data sets: ``mcycle`` (Silverman 1985, 133 points; ``pyro_sparsegp.datasets.load_mcycle``): random 90/10 splits drawn
 with ``numpy.random.default_rng(split)`` (120 / 13 points), 10 by default. ``protein`` (UCI protein tertiary
@@ -18,7 +18,10 @@ fitted with R^2 = 1.000; pol's takes 11 values). It is large enough that minibat
 ``time_to_accuracy.py`` already runs it homoscedastic.
 
 Defaults: mcycle 10 splits, M = 32, 1000 full-batch steps; protein 3 splits, M = 64, 2000 steps of 1024 (50 epochs);
-sized for a shared 2-core CPU.
+sized for a shared 2-core CPU. The record ``records/heteroscedastic.json`` is smaller (the README row has the commands):
+mcycle splits 0-4 and protein split 0, without ``gpytorch_svgp`` (and on protein ``gpytorch_het``), the Adam runs
+that lose to GPyTorch's NGD recipe; on the shared CPU (load 7-10 from other jobs) an mcycle step cost ~30 ms, and
+the full protocol would not fit the session.
 
 Setting (every GP): inputs and targets standardised with the training statistics; M inducing inputs drawn from the
 training inputs (the same for all), RBF kernels with one lengthscale per input (initial lengthscales 1, variance 1),
@@ -34,8 +37,9 @@ initial noise variance 0.1 (heteroscedastic: the g latent's constant mean at ``l
   in 700 steps what Adam has not reached after 3000).
 * ``ours_svgp``: ``ps.SVGP(RBF, Z, ps.Gaussian(0.1))`` with ``ps.infer.fit`` defaults (natural gradients on q(u) and
   the noise, Adam 0.01 on the rest, the exact finish).
-* ``ours_het`` (hook): ``ps.SVGP(RBF, Z, ps.HeteroscedasticGaussian())`` (two latents, ``num_outputs`` inferred)
-  with ``ps.infer.fit`` defaults.
+* ``ours_het``: ``ps.SVGP(RBF, Z, ps.HeteroscedasticGaussian())`` (two latents sharing the kernel, zero prior means,
+  ``num_outputs`` inferred) with ``ps.infer.fit`` defaults; ``ours_het_sep``: a kernel per latent
+  (``ps.SVGP([RBF, RBF], ...)``) and ``Constant(2, [0, log sqrt(0.1)])`` prior means, GPyTorch's recipe.
 
 Scoring: ``test_nlpd``, the mean negative log predictive density of the test targets in the original units:
 homoscedastic ``-log N(y; mu_f, var_f + noise)``; heteroscedastic ``-log ∫ N(y; mu_f, var_f + exp(2 g)) q(g) dg`` by
