@@ -1,4 +1,5 @@
-"""Count likelihoods: Poisson, negative binomial (NB2, and NB1 with ``variance="NB1"``), zero-inflated Poisson and negative binomial.
+"""Count likelihoods: Poisson, negative binomial (NB2; NB1 with ``variance="NB1"``), zero-inflated Poisson and
+negative binomial.
 
 Expected log-likelihoods against scipy's adaptive quadrature of scipy's own probability mass functions (an
 independent parameterisation check), the closed forms against the base class's generic Gauss-Hermite quadrature
@@ -118,8 +119,8 @@ def test_negative_binomial_nb1_against_scipy():
             torch.testing.assert_close(d.log_prob(torch.full((3,), y)), want, rtol=0, atol=_tol(1e-10))
         ys = [0.0, 1.0, 4.0, 12.0]
         for m, sd in ((-1.0, 0.3), (0.5, 1.0), (2.0, 0.7)):
-            ref = [integrate.quad(lambda x, y=y: stats.norm.pdf(x, m, sd) * _nb1_logpmf(y, x), m - 8 * sd, m + 8 * sd,
-                                  epsabs=1e-12, epsrel=1e-11, limit=200)[0] for y in ys]
+            ref = [integrate.quad(lambda x, y=y, m=m, sd=sd: stats.norm.pdf(x, m, sd) * _nb1_logpmf(y, x), m - 8 * sd,
+                                  m + 8 * sd, epsabs=1e-12, epsrel=1e-11, limit=200)[0] for y in ys]
             got = lik.expected_log_prob(torch.tensor(ys), torch.full((4,), m), torch.full((4,), sd * sd))
             torch.testing.assert_close(got, torch.tensor(ref, dtype=got.dtype), rtol=0, atol=_tol(1e-5))
         pred = lik.predictive(torch.tensor([0.3]), torch.tensor([0.4]))
