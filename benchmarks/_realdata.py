@@ -143,8 +143,9 @@ def condition(rows: list[dict], label: str, a: str, b: str, rule: str = "beats",
               dataset: str | None = None) -> dict | None:
     """One done-when condition of issue 47 over the splits both ``a`` and ``b`` ran (``dataset``: only its rows):
     the paired differences of final test NLPD ``a - b`` (mean, standard error, splits on which ``a`` is lower).
-    ``rule``: ``"beats"`` (met when the mean difference is below 0) or ``"no_worse"`` (met when it is at most one
-    standard error above 0). ``timed``: also the splits on which ``a`` reached ``b``'s final test NLPD within ``b``'s
+    ``rule``: ``"beats"`` (met when the mean difference is below 0 and ``a`` is lower on most splits) or
+    ``"no_worse"`` (met when it is at most one standard error above 0); a mean difference within one standard error
+    of 0 is marked a tie. ``timed``: also the splits on which ``a`` reached ``b``'s final test NLPD within ``b``'s
     training time (its curve against ``b``'s clock), and the condition then needs that on a majority of splits.
     ``None`` when no split has both."""
     by = {}
@@ -158,7 +159,10 @@ def condition(rows: list[dict], label: str, a: str, b: str, rule: str = "beats",
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
     out = {"condition": label, "a": a, "b": b, "rule": rule, "splits": len(d), "nlpd_diff": float(d.mean()),
            "nlpd_diff_se": se, "a_lower": int((d < 0).sum())}
-    met = out["nlpd_diff"] < 0 if rule == "beats" else out["nlpd_diff"] <= se
+    if rule == "beats":
+        met = out["nlpd_diff"] < 0 and 2 * out["a_lower"] > len(d)
+    else:
+        met = out["nlpd_diff"] <= se
     text = (f"{label}: {a} - {b} = {out['nlpd_diff']:+.4f} ± {se:.4f} nats (test NLPD), {a} lower on "
             f"{out['a_lower']}/{len(d)} splits")
     if timed:
@@ -169,8 +173,8 @@ def condition(rows: list[dict], label: str, a: str, b: str, rule: str = "beats",
         out["in_time"] = int(sum(within))
         met = met and 2 * out["in_time"] > len(d)
         text += f"; reached {b}'s final NLPD within {b}'s time on {out['in_time']}/{len(d)}"
-    out["met"] = bool(met)
-    out["text"] = text + f" -> {'met' if met else 'NOT met'} ({rule})"
+    out["met"], out["tie"] = bool(met), bool(abs(out["nlpd_diff"]) <= se)
+    out["text"] = text + f" -> {'met' if met else 'NOT met'} ({rule}{', a tie within 1 se' if out['tie'] else ''})"
     return out
 
 
