@@ -23,9 +23,9 @@ RBF kernels (initial lengthscale 0.25 days, variance 1), noise variance 0.1, ``-
 ``--batch`` rows (256: GPyTorch's multitask strategies form the minibatch's full covariance, so a full-batch step on
 the 666 rows costs 0.4 s on a busy CPU core), Adam learning rate 0.01; block ``r`` seeds the minibatch order.
 
-The record ``records/multioutput_weather.json`` is smaller than the defaults (the README row has the command): blocks
-0, 2, 4 (EWR, LGA, JFK), M = 64, 1000 steps, without ``ours_indep_each``: on the shared CPU (load 7-10 from other
-jobs) a step of GPyTorch's LMC at M = 128 took 0.2 s, and the six blocks at the defaults would not fit the session.
+The record ``records/multioutput_weather.json`` is smaller than the defaults (the README row has the command): the
+six blocks at M = 64 and 1000 steps, without ``ours_indep_each``: on the shared CPU (load 7-13 from other jobs) a step
+of GPyTorch's LMC at M = 128 took 0.2 s, and the defaults would not fit the session.
 
 * ``gpytorch_lmc``: ``LMCVariationalStrategy(VariationalStrategy(batch Q), num_tasks=3, num_latents=Q)``, constant
   means, a ``MultitaskGaussianLikelihood(num_tasks=3)`` (a noise per task plus a shared one), ``VariationalELBO``,
