@@ -1,7 +1,8 @@
 """Shared parts of the real-data benchmarks against the peers (``counts_nmes.py``, ``heteroscedastic.py``,
 ``multioutput_weather.py``): the method table with its hooks, the training clock with test evaluations, the
 Gauss-Hermite predictive densities every method is scored with, GPyTorch's approximate GPs and their training loop,
-and the rows.
+the rows, the time from which a run stays near its peer's final NLPD (:func:`settle`) and the done-when conditions
+of issue 47 (:func:`condition`).
 
 A method is a :class:`Method`: a function ``run(task, cfg) -> Trace``, its library, the method whose final test NLPD
 is its target (``peer``) and ``needs``, which returns ``None`` when the method can run on this branch or a reason
@@ -30,11 +31,6 @@ class Method:
 
     def missing(self) -> str | None:
         return None if self.needs is None else self.needs()
-
-
-def needs_attr(obj, name: str, label: str):
-    """A ``needs`` check: ``None`` when ``obj`` has ``name``, else ``"<label> is not on this branch"``."""
-    return lambda: None if hasattr(obj, name) else f"{label} is not on this branch"
 
 
 @dataclass
