@@ -418,7 +418,7 @@ def test_real_data_predictive_densities_match_fine_quadrature():
 @pytest.mark.float64  # maximum likelihood to ~1e-6 nats
 def test_counts_glms_reach_scipy_maximum_likelihood():
     """benchmarks/counts_nmes.py's GLMs (torch L-BFGS) end at the maximum-likelihood fit that scipy finds for the same
-    log-linear Poisson and NB2 models written with scipy.stats (test NLPD at scipy's optimum)."""
+    log-linear Poisson, NB2 and NB1 models written with scipy.stats (test NLPD at scipy's optimum)."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -437,11 +437,15 @@ def test_counts_glms_reach_scipy_maximum_likelihood():
         mu, n = np.exp(X @ theta[:-1]), np.exp(-theta[-1])
         return -stats.nbinom.logpmf(y, n, n / (n + mu)).mean()
 
-    for negbin_model, nll in ((False, poisson), (True, negbin)):
+    def negbin1(theta, X, y):  # NB1: mean mu, variance mu (1 + alpha), n = mu / alpha, p = 1 / (1 + alpha)
+        mu, alpha = np.exp(X @ theta[:-1]), np.exp(theta[-1])
+        return -stats.nbinom.logpmf(y, mu / alpha, 1 / (1 + alpha)).mean()
+
+    for negbin_model, nb1, nll in ((False, False, poisson), (True, False, negbin), (True, True, negbin1)):
         theta0 = np.zeros(X1.shape[1] + negbin_model)
         theta0[0] = np.log(y.mean())
         best = optimize.minimize(nll, theta0, args=(X1, y), method="BFGS", options={"gtol": 1e-9, "maxiter": 2000})
-        got = counts.run_glm(task, cfg, negbin=negbin_model).final["test_nlpd"]
+        got = counts.run_glm(task, cfg, negbin=negbin_model, nb1=nb1).final["test_nlpd"]
         assert got == pytest.approx(nll(best.x, Xt1, yt), abs=1e-5)
 
 
@@ -470,3 +474,19 @@ def test_weather_gpytorch_masking_drops_exactly_the_missing_entries(lmc):
     want = (-0.5 * math.log(2 * math.pi) - 0.5 * noise.log() - 0.5 * ((Y - m) ** 2 + v) / noise)[obs].sum()
     torch.testing.assert_close(ell, want)
     assert obs.sum() == 56 and m.shape == (20, 3)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # linear_operator's torch.jit.script at import
+def test_counts_softplus_nb1_is_gpytorchs_negative_binomial():
+    """benchmarks/counts_nmes.py's ``SoftplusNB1`` (GPyTorch's model written for ``from_distribution``) gives the
+    log-probabilities of GPyTorch's ``NegativeBinomialLikelihood`` with success probability alpha / (1 + alpha)."""
+    import gpytorch
+
+    counts = _bench("counts_nmes")
+    ours = counts.SoftplusNB1()
+    with torch.no_grad():
+        ours.dispersion = torch.tensor(0.7)
+        theirs = gpytorch.likelihoods.NegativeBinomialLikelihood()
+        theirs.probs = torch.tensor([0.7 / 1.7])
+        f, y = torch.tensor([-1.0, 0.3, 2.5, 4.0]), torch.tensor([0.0, 2.0, 7.0, 40.0])
+        torch.testing.assert_close(ours(f).log_prob(y), theirs.forward(f).log_prob(y).to(f.dtype))
