@@ -19,7 +19,7 @@ fitted with R^2 = 1.000; pol's takes 11 values). It is large enough that minibat
 
 Defaults: mcycle 10 splits, M = 32, 1000 full-batch steps; protein 3 splits, M = 64, 2000 steps of 1024 (50 epochs);
 sized for a shared 2-core CPU. The record ``records/heteroscedastic.json`` is smaller (the README row has the commands):
-mcycle splits 0-4 and protein split 0 (1000 steps), without ``gpytorch_svgp`` (and on protein ``gpytorch_het``),
+mcycle splits 0-4 and protein splits 0-2 (1000 steps), without ``gpytorch_svgp`` (and on protein ``gpytorch_het``),
 the Adam runs that lose to GPyTorch's NGD recipe; on the shared CPU (load 7-13 from other jobs) an mcycle step cost
 ~30 ms, and the full protocol would not fit the session.
 
