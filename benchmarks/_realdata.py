@@ -1,7 +1,8 @@
 """Shared parts of the real-data benchmarks against the peers (``counts_nmes.py``, ``heteroscedastic.py``,
 ``multioutput_weather.py``): the method table with its hooks, the training clock with test evaluations, the
 Gauss-Hermite predictive densities every method is scored with, GPyTorch's approximate GPs and their training loop,
-and the rows.
+the rows, the time from which a run stays near its peer's final NLPD (:func:`settle`) and the done-when conditions
+of issue 47 (:func:`condition`).
 
 A method is a :class:`Method`: a function ``run(task, cfg) -> Trace``, its library, the method whose final test NLPD
 is its target (``peer``) and ``needs``, which returns ``None`` when the method can run on this branch or a reason
@@ -30,11 +31,6 @@ class Method:
 
     def missing(self) -> str | None:
         return None if self.needs is None else self.needs()
-
-
-def needs_attr(obj, name: str, label: str):
-    """A ``needs`` check: ``None`` when ``obj`` has ``name``, else ``"<label> is not on this branch"``."""
-    return lambda: None if hasattr(obj, name) else f"{label} is not on this branch"
 
 
 @dataclass
@@ -72,12 +68,25 @@ class Trace:
         return self.points[-1][1]
 
 
-def reach(trace: Trace, target: float) -> float | None:
-    """Training seconds at the first evaluation whose test NLPD is at most ``target`` (``None``: never)."""
-    for _, clock, m in trace.points:
-        if m["test_nlpd"] <= target:
-            return clock
-    return None
+def settle(curve: list, target: float, tol: float) -> float | None:
+    """Training seconds from which a run stays within ``tol`` nats of ``target``: the clock of the first evaluation
+    of ``curve`` (``[[step, seconds, test_nlpd], ...]``) after which every test NLPD, its own included, is at most
+    ``target + tol`` (``None``: the last one is above). A run that dips below the target early and climbs back (the
+    Poisson's wide predictive at the prior q(u) scores well on over-dispersed counts) has not reached it."""
+    t = None
+    for _, clock, nlpd in reversed(curve):
+        if nlpd > target + tol:
+            break
+        t = clock
+    return t
+
+
+def retime(rows: list[dict], tol: float) -> list[dict]:
+    """``time_to_peer_s`` of every row recomputed from its curve and ``peer_nlpd`` with :func:`settle` (``tol``)."""
+    for r in rows:
+        if r.get("peer_nlpd") is not None:
+            r["time_to_peer_s"] = settle(r["curve"], r["peer_nlpd"], tol)
+    return rows
 
 
 def gauss_hermite(n: int = 64, dtype=None):
@@ -98,21 +107,21 @@ def predictive(make_dist, y, mean, var, n: int = 64):
     return lp, (d.mean * w).sum(-1)
 
 
-def split_rows(runs: dict, methods: dict, info: dict) -> list[dict]:
+def split_rows(runs: dict, methods: dict, info: dict, tol: float) -> list[dict]:
     """One row per run of a cell (``info``: ``dataset``, ``split``, ``M``): final test NLPD (and RMSE), training
-    seconds, steps, and ``time_to_peer_s``, the training time at which the run first reached its peer's final test
-    NLPD (``None``: never; the peer's own is its time to its own final value); ``curve``: ``[[step, seconds,
-    test_nlpd], ...]`` at every evaluation."""
+    seconds, steps, and ``time_to_peer_s``, the training time from which the run stays within ``tol`` of its peer's
+    final test NLPD (:func:`settle`; ``None``: never; the peer's own is its time to settle near its own final
+    value); ``curve``: ``[[step, seconds, test_nlpd], ...]`` at every evaluation."""
     rows = []
     for name, tr in runs.items():
         m = methods[name]
         peer = runs.get(m.peer or name)
         target = None if peer is None else peer.final["test_nlpd"]
+        curve = [[step, clock, m["test_nlpd"]] for step, clock, m in tr.points]
         row = {**info, "method": name, "library": m.library, "test_nlpd": tr.final["test_nlpd"],
                "rmse": tr.final.get("rmse"), "time_s": tr.seconds,
-               "time_to_peer_s": None if target is None else reach(tr, target), "steps": tr.points[-1][0],
-               "peer": m.peer or name, "peer_nlpd": target,
-               "curve": [[step, clock, m["test_nlpd"]] for step, clock, m in tr.points]}
+               "time_to_peer_s": None if target is None else settle(curve, target, tol), "steps": tr.points[-1][0],
+               "peer": m.peer or name, "peer_nlpd": target, "curve": curve}
         rows.append({k: v for k, v in row.items() if v is not None or k in ROW_KEYS})
     return rows
 
@@ -139,6 +148,56 @@ def summarize(rows: list[dict], keys=("dataset", "method")) -> list[dict]:
     return out
 
 
+def condition(rows: list[dict], label: str, a: str, b: str, rule: str = "beats", timed: bool = False,
+              dataset: str | None = None, tol: float = 0.0) -> dict | None:
+    """One done-when condition of issue 47 over the splits both ``a`` and ``b`` ran (``dataset``: only its rows):
+    the paired differences of final test NLPD ``a - b`` (mean, standard error, splits on which ``a`` is lower).
+    ``rule``: ``"beats"`` (met when the mean difference is below 0 and ``a`` is lower on most splits) or
+    ``"no_worse"`` (met when it is at most one standard error above 0); a mean difference within one standard error
+    of 0 is marked a tie. ``timed``: also the splits on which ``a`` settled within ``tol`` of ``b``'s final test NLPD
+    (:func:`settle`) within ``b``'s training time, and the condition then needs that on a majority of splits.
+    ``None`` when no split has both."""
+    by = {}
+    for r in rows:
+        if dataset is None or r["dataset"] == dataset:
+            by.setdefault((r["dataset"], r["split"]), {})[r["method"]] = r
+    pairs = [(c[a], c[b]) for c in by.values() if a in c and b in c]
+    if not pairs:
+        return None
+    d = np.array([ra["test_nlpd"] - rb["test_nlpd"] for ra, rb in pairs])
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
+    out = {"condition": label, "a": a, "b": b, "rule": rule, "splits": len(d), "nlpd_diff": float(d.mean()),
+           "nlpd_diff_se": se, "a_lower": int((d < 0).sum())}
+    if rule == "beats":
+        met = out["nlpd_diff"] < 0 and 2 * out["a_lower"] > len(d)
+    else:
+        met = out["nlpd_diff"] <= se
+    text = (f"{label}: {a} - {b} = {out['nlpd_diff']:+.4f} ± {se:.4f} nats (test NLPD), {a} lower on "
+            f"{out['a_lower']}/{len(d)} splits")
+    if timed:
+        within = []
+        for ra, rb in pairs:
+            t = settle(ra["curve"], rb["test_nlpd"], tol)
+            within.append(t is not None and t <= rb["time_s"])
+        out["in_time"] = int(sum(within))
+        met = met and 2 * out["in_time"] > len(d)
+        text += f"; settled within {tol:g} of {b}'s final NLPD within {b}'s time on {out['in_time']}/{len(d)}"
+    out["met"], out["tie"] = bool(met), bool(abs(out["nlpd_diff"]) <= se)
+    out["text"] = text + f" -> {'met' if met else 'NOT met'} ({rule}{', a tie within 1 se' if out['tie'] else ''})"
+    return out
+
+
+def conditions(rows: list[dict], specs: list[tuple], tol: float, log=print) -> list[dict]:
+    """The done-when conditions ``specs`` (each the arguments of :func:`condition` after ``rows``; ``tol`` for the
+    timed ones) that have rows, printed one a line under the heading "Done when"."""
+    out = [c for spec in specs if (c := condition(rows, *spec[:3], **{"tol": tol, **(spec[3] if len(spec) > 3
+                                                                                      else {})}))]
+    log("\nDone when (issue 47):")
+    for c in out:
+        log("  " + c["text"])
+    return out
+
+
 def run_methods(methods: dict, names: list[str], task, cfg, log=print) -> dict:
     """Run the runnable ``names`` of ``methods`` on ``task``; a method that cannot run here is reported once."""
     runs = {}
@@ -159,6 +218,18 @@ def run_methods(methods: dict, names: list[str], task, cfg, log=print) -> dict:
 
 
 run_methods.reported = set()
+
+
+def load_rows(paths: str) -> list[dict]:
+    """The method rows of earlier runs' ``--json`` files (``paths`` comma-separated; their done-when entries, which
+    have a ``condition`` key, are left out and recomputed)."""
+    import json
+
+    rows = []
+    for path in paths.split(","):
+        with open(path) as fh:
+            rows += [r for r in json.load(fh) if "condition" not in r]
+    return rows
 
 
 def parse_splits(text: str) -> list[int]:

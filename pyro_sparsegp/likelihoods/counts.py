@@ -64,21 +64,31 @@ class NegativeBinomial(_Counts):
               \Big(\frac{r}{r + \mu}\Big)^{r} \Big(\frac{\mu}{r + \mu}\Big)^{y}, \qquad r = 1 / \alpha,
 
     i.e. ``pyro.distributions.NegativeBinomial(total_count=1/alpha, logits=f + log(alpha))``. As
-    :math:`\alpha \to 0` it tends to the Poisson. Expected log-likelihood by Gauss-Hermite quadrature (Hensman,
-    Matthews, Ghahramani 2015, section 4); predictive: the Gauss-Hermite mixture. ``f``, ``y``, marginals
-    ``[..., B]``; ``dispersion`` ``()``.
+    :math:`\alpha \to 0` it tends to the Poisson. With ``variance="NB1"`` the variance is
+    :math:`\mu (1 + \alpha)` instead (a constant over-dispersion factor: Cameron and Trivedi's NB1,
+    ``total_count`` :math:`r = \mu / \alpha`, ``logits`` :math:`\log \alpha`; GPyTorch's
+    ``NegativeBinomialLikelihood`` is of this form), which fits counts whose variance grows linearly with the mean
+    better. Expected log-likelihood by Gauss-Hermite quadrature (Hensman, Matthews, Ghahramani 2015, section 4);
+    predictive: the Gauss-Hermite mixture. ``f``, ``y``, marginals ``[..., B]``; ``dispersion`` ``()``.
 
     :param float dispersion: initial :math:`\alpha`, a ``PyroParam`` constrained positive (replace it by a
         ``PyroSample`` for a hyperprior).
     :param int num_gh: Gauss-Hermite nodes.
+    :param str variance: ``"NB2"`` (default, :math:`\mu + \alpha \mu^2`) or ``"NB1"`` (:math:`\mu (1 + \alpha)`).
     """
 
-    def __init__(self, dispersion: float = 1.0, num_gh: int = 20):
+    def __init__(self, dispersion: float = 1.0, num_gh: int = 20, variance: str = "NB2"):
         super().__init__(num_gh)
+        if variance not in ("NB2", "NB1"):
+            raise ValueError(f"variance must be 'NB2' (mu + alpha mu^2) or 'NB1' (mu (1 + alpha)), got {variance!r}")
+        self.variance = variance
         self.dispersion = PyroParam(_init_param(dispersion, "dispersion", example="NegativeBinomial(dispersion=0.5)"),
                                     constraints.positive)
 
     def distribution(self, f):
+        if self.variance == "NB1":  # r = mu / alpha, p = alpha / (1 + alpha): mean mu, variance mu (1 + alpha)
+            alpha = self.dispersion
+            return dist.NegativeBinomial(f.exp() / alpha, logits=alpha.log().expand(f.shape))
         total_count, logits = self._nb(f)
         return dist.NegativeBinomial(total_count, logits=logits)
 

@@ -1,4 +1,5 @@
-"""Count likelihoods: Poisson, negative binomial (NB2), zero-inflated Poisson and negative binomial.
+"""Count likelihoods: Poisson, negative binomial (NB2; NB1 with ``variance="NB1"``), zero-inflated Poisson and
+negative binomial.
 
 Expected log-likelihoods against scipy's adaptive quadrature of scipy's own probability mass functions (an
 independent parameterisation check), the closed forms against the base class's generic Gauss-Hermite quadrature
@@ -98,6 +99,34 @@ def test_negative_binomial_parameterisation_and_poisson_limit():
     y, m, v = torch.tensor([0.0, 2.0, 9.0]), torch.tensor([0.1, 1.0, 2.0]), torch.tensor([0.2, 0.5, 1.0])
     torch.testing.assert_close(near_poisson.expected_log_prob(y, m, v), ps.Poisson().expected_log_prob(y, m, v),
                                rtol=0, atol=_tol(1e-4))
+
+
+def _nb1_logpmf(y, f):  # NB1: mean mu, variance mu (1 + alpha): n = mu / alpha, p (of a failure) = 1 / (1 + alpha)
+    return stats.nbinom.logpmf(y, np.exp(f) / ALPHA, 1 / (1 + ALPHA))
+
+
+def test_negative_binomial_nb1_against_scipy():
+    """``variance="NB1"``: mean mu, variance mu (1 + alpha) and the pmf of scipy's nbinom(mu / alpha, 1 / (1 + alpha));
+    its expected log-likelihood against scipy's adaptive quadrature of that pmf, its predictive mean e^{m + v/2}."""
+    lik = ps.NegativeBinomial(dispersion=ALPHA, variance="NB1")
+    f = torch.tensor([-1.0, 0.5, 2.0])
+    with torch.no_grad():
+        d = lik.distribution(f)
+        torch.testing.assert_close(d.mean, f.exp())
+        torch.testing.assert_close(d.variance, f.exp() * (1 + ALPHA))
+        for y in (0.0, 3.0, 11.0):
+            want = torch.tensor([_nb1_logpmf(y, v) for v in f.tolist()], dtype=f.dtype)
+            torch.testing.assert_close(d.log_prob(torch.full((3,), y)), want, rtol=0, atol=_tol(1e-10))
+        ys = [0.0, 1.0, 4.0, 12.0]
+        for m, sd in ((-1.0, 0.3), (0.5, 1.0), (2.0, 0.7)):
+            ref = [integrate.quad(lambda x, y=y, m=m, sd=sd: stats.norm.pdf(x, m, sd) * _nb1_logpmf(y, x), m - 8 * sd,
+                                  m + 8 * sd, epsabs=1e-12, epsrel=1e-11, limit=200)[0] for y in ys]
+            got = lik.expected_log_prob(torch.tensor(ys), torch.full((4,), m), torch.full((4,), sd * sd))
+            torch.testing.assert_close(got, torch.tensor(ref, dtype=got.dtype), rtol=0, atol=_tol(1e-5))
+        pred = lik.predictive(torch.tensor([0.3]), torch.tensor([0.4]))
+        torch.testing.assert_close(pred.mean, torch.tensor([0.5]).exp(), rtol=_tol(1e-6), atol=0)
+    with pytest.raises(ValueError, match="variance must be 'NB2'"):
+        ps.NegativeBinomial(variance="nb1")
 
 
 # -- fits -----------------------------------------------------------------------------------------------------------
