@@ -355,3 +355,34 @@ def ours_fit(gp, X, y, steps: int, batch_size: int, trace: Trace, lr: float = 0.
         callback=lambda step, loss: trace.tick(), **kw)
     trace.record()
     return trace
+
+
+# -- the command line and start shared by the three real-data scripts ------------------------------------------------
+def add_method_arguments(p, methods: dict) -> None:
+    """``--summarize`` (join earlier runs' rows, run nothing) and ``--methods`` (names of ``methods``)."""
+    p.add_argument("--summarize", default=None, metavar="A.json,B.json",
+                   help="join the rows of earlier runs' --json files, print the tables and the done-when; run nothing")
+    p.add_argument("--methods", default=",".join(methods), help="comma-separated names of METHODS")
+
+
+def parse_methods(p, a, methods: dict):
+    """``a.methods`` as a list, refused (by ``p.error``) where a name is not in ``methods``; returns ``a``."""
+    a.methods = a.methods.split(",")
+    unknown = set(a.methods) - set(methods)
+    if unknown:
+        p.error(f"--methods: unknown {sorted(unknown)}; choose from {list(methods)}")
+    return a
+
+
+def begin(cfg, reach_tol: float) -> list[dict]:
+    """The run's set-up (threads, seed, float64, the machine's note, warnings off) and its starting rows: the
+    ``--summarize`` files' rows re-timed with ``reach_tol``, or none."""
+    import warnings
+
+    from _common import machine_note, setup
+
+    setup(cfg)
+    torch.set_default_dtype(torch.float64)
+    print(machine_note(torch.get_num_threads()))
+    warnings.filterwarnings("ignore")
+    return retime(load_rows(cfg.summarize), reach_tol) if cfg.summarize else []

@@ -48,13 +48,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import warnings
 from dataclasses import dataclass
 
 import _realdata as rd
 import pyro.distributions as dist
 import torch
-from _common import machine_note, parser, setup, table, write_json
+from _common import parser, table, write_json
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
@@ -228,9 +227,7 @@ def config(argv=None) -> argparse.Namespace:
     p.add_argument("--every", type=int, default=None, help="steps between test evaluations (default 50)")
     p.add_argument("--glm-iters", type=int, default=None, help="L-BFGS iterations at most (default 200)")
     p.add_argument("--mean", choices=["constant", "linear"], default="constant", help="the GPs' prior mean")
-    p.add_argument("--summarize", default=None, metavar="A.json,B.json",
-                   help="join the rows of earlier runs' --json files, print the tables and the done-when; run nothing")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated names of METHODS")
+    rd.add_method_arguments(p, METHODS)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     a.splits = rd.parse_splits(a.splits or ("0" if a.quick else "0-9"))
@@ -238,20 +235,12 @@ def config(argv=None) -> argparse.Namespace:
     a.M = a.M or (8 if a.quick else 64)
     a.every = a.every or (10 if a.quick else 50)
     a.glm_iters = a.glm_iters or (20 if a.quick else 200)
-    a.methods = a.methods.split(",")
-    unknown = set(a.methods) - set(METHODS)
-    if unknown:
-        p.error(f"--methods: unknown {sorted(unknown)}; choose from {list(METHODS)}")
-    return a
+    return rd.parse_methods(p, a, METHODS)
 
 
 def main(argv=None) -> list[dict]:
     cfg = config(argv)
-    setup(cfg)
-    torch.set_default_dtype(torch.float64)
-    print(machine_note(torch.get_num_threads()))
-    warnings.filterwarnings("ignore")
-    rows = rd.retime(rd.load_rows(cfg.summarize), REACH_TOL) if cfg.summarize else []
+    rows = rd.begin(cfg, REACH_TOL)
     for split in [] if cfg.summarize else cfg.splits:
         task = load_task(split, cfg.M, cfg.seed)
         print(f"# nmes1988 split {split}: {len(task.X)} train / {len(task.Xt)} test, D = {task.X.shape[1]}, "

@@ -53,12 +53,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import warnings
 from dataclasses import dataclass
 
 import _realdata as rd
 import torch
-from _common import load_regression, machine_note, parser, setup, table, write_json
+from _common import load_regression, parser, table, write_json
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.datasets import load_mcycle, standardize
@@ -242,27 +241,17 @@ def config(argv=None) -> argparse.Namespace:
     p.add_argument("--M", type=int, default=None, help="inducing points (default: mcycle 32, protein 64)")
     p.add_argument("--batch", type=int, default=1024, help="minibatch size (mcycle: always the full batch)")
     p.add_argument("--every", type=int, default=None, help="steps between test evaluations (default 50)")
-    p.add_argument("--summarize", default=None, metavar="A.json,B.json",
-                   help="join the rows of earlier runs' --json files, print the tables and the done-when; run nothing")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated names of METHODS")
+    rd.add_method_arguments(p, METHODS)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     a.datasets = (a.datasets or ("mcycle" if a.quick else "mcycle,protein")).split(",")
     a.every = a.every or (10 if a.quick else 50)
-    a.methods = a.methods.split(",")
-    unknown = set(a.methods) - set(METHODS)
-    if unknown:
-        p.error(f"--methods: unknown {sorted(unknown)}; choose from {list(METHODS)}")
-    return a
+    return rd.parse_methods(p, a, METHODS)
 
 
 def main(argv=None) -> list[dict]:
     cfg = config(argv)
-    setup(cfg)
-    torch.set_default_dtype(torch.float64)
-    print(machine_note(torch.get_num_threads()))
-    warnings.filterwarnings("ignore")
-    rows = rd.retime(rd.load_rows(cfg.summarize), REACH_TOL) if cfg.summarize else []
+    rows = rd.begin(cfg, REACH_TOL)
     for name in [] if cfg.summarize else cfg.datasets:
         splits, M, steps, _ = DEFAULTS[name]
         run_cfg = argparse.Namespace(**{**vars(cfg), "steps": cfg.steps or (20 if cfg.quick else steps)})

@@ -56,13 +56,12 @@ to the next: two days of extrapolation hang on a few parameters, so read the cur
 from __future__ import annotations
 
 import argparse
-import warnings
 from dataclasses import dataclass
 
 import _realdata as rd
 import numpy as np
 import torch
-from _common import machine_note, parser, setup, table, write_json
+from _common import parser, table, write_json
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.datasets import NYC_AIRPORTS, load_nyc_weather
@@ -218,29 +217,19 @@ def config(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=256, help="minibatch rows")
     p.add_argument("--variable", choices=["temp", "dewp"], default="temp")
     p.add_argument("--every", type=int, default=None, help="steps between test evaluations (default 50)")
-    p.add_argument("--summarize", default=None, metavar="A.json,B.json",
-                   help="join the rows of earlier runs' --json files, print the tables and the done-when; run nothing")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated names of METHODS")
+    rd.add_method_arguments(p, METHODS)
     a = p.parse_args(argv)
     a.blocks = rd.parse_splits(a.blocks or ("1" if a.quick else f"0-{a.num_blocks - 1}"))
     a.steps = a.steps or (20 if a.quick else 2000)
     a.M = a.M or (16 if a.quick else 128)
     a.latents = a.latents or (2 if a.quick else 3)
     a.every = a.every or (10 if a.quick else 50)
-    a.methods = a.methods.split(",")
-    unknown = set(a.methods) - set(METHODS)
-    if unknown:
-        p.error(f"--methods: unknown {sorted(unknown)}; choose from {list(METHODS)}")
-    return a
+    return rd.parse_methods(p, a, METHODS)
 
 
 def main(argv=None) -> list[dict]:
     cfg = config(argv)
-    setup(cfg)
-    torch.set_default_dtype(torch.float64)
-    print(machine_note(torch.get_num_threads()))
-    warnings.filterwarnings("ignore")
-    rows = rd.retime(rd.load_rows(cfg.summarize), REACH_TOL) if cfg.summarize else []
+    rows = rd.begin(cfg, REACH_TOL)
     for r in [] if cfg.summarize else cfg.blocks:
         cfg.seed = r
         task = load_task(cfg, r)
