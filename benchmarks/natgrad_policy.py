@@ -4,7 +4,7 @@ with the task's error evaluated on the live model every ``--every`` steps. Print
 
     python benchmarks/natgrad_policy.py [--tasks poisson nb_nmes robust digits digits_b400 dgp]
                                         [--seeds 0 1 2 3 4] [--methods auto 0.01 0.03 0.1 adam]
-                                        [--ep] [--quick] [--json PATH]
+                                        [--ep] [--steps TASK=N ...] [--quick] [--json PATH]
 
 Tasks (the metric is an error: lower is better):
 
@@ -22,6 +22,23 @@ Tasks (the metric is an error: lower is better):
   metric: test error rate. ``--ep`` adds ``fit_ep`` (EP) on it, timed, for the "within 1 point of EP in at most EP's
   time" check of ``digits_b400``.
 * ``dgp``: ``benchmarks/deepgp_uci.py``'s DGP 2 on kin8nm (split 0), 1,000 steps; metric: test RMSE (standardised).
+
+``--steps TASK=N`` cuts a task's step budget (the evaluation every ``--every`` steps and the second-half check
+follow it). The record ``benchmarks/records/natgrad_policy.json`` (issue #46's protocol on 2 shared CPU cores, one
+process per task and seed, joined) was run as
+
+    for t in poisson nb_nmes robust digits_b400; do for s in 0 1 2 3 4; do
+        python benchmarks/natgrad_policy.py --threads 1 --tasks $t --seeds $s --ep --json /tmp/policy/${t}_s$s.json
+    done; done
+    for s in 0 1 2 3 4; do python benchmarks/natgrad_policy.py --threads 1 --tasks digits --steps digits=150 \\
+        --seeds $s --json /tmp/policy/digits_s$s.json; done
+    for s in 0 1 2 3 4; do python benchmarks/natgrad_policy.py --threads 1 --tasks dgp --steps dgp=200 \\
+        --seeds $s --json /tmp/policy/dgp_s$s.json; done
+    python benchmarks/natgrad_policy.py --join /tmp/policy/*_s?.json --json benchmarks/records/natgrad_policy.json
+
+(``OMP_NUM_THREADS=1`` and ``PYTHONPATH=$PWD`` before each; ``--join`` recomputes the summary from earlier runs'
+rows), with two cuts to fit the time it had: ``digits`` 150 steps instead of 300 (300 steps took about 50 s a run),
+and ``dgp`` 200 steps instead of 1,000 (1,000 steps took about 160 s a run, 20 minutes a seed).
 
 Summary per task: each method's mean error over seeds, ``auto / best fixed`` (the target: at most 1.10), and the
 number of seeds on which some evaluation in the second half of the run exceeded twice the run's final error (the
@@ -144,9 +161,11 @@ def task_dgp(seed: int, quick: bool):
 TASKS = {name[5:]: f for name, f in globals().items() if name.startswith("task_")}
 
 
-def run(task: str, method: str, seed: int, quick: bool, every: int) -> dict:
+def run(task: str, method: str, seed: int, quick: bool, every: int, steps: int | None = None) -> dict:
     pyro.clear_param_store()
     module, X, y, kwargs, error = TASKS[task](seed, quick)
+    if steps is not None:  # --steps TASK=N: a cut step budget
+        kwargs["num_steps"] = steps
     evals = []
 
     def callback(step, _loss):
@@ -203,6 +222,18 @@ def summary(rows) -> list:
     return out
 
 
+def join(paths, out) -> None:
+    """Print and write (``out``) the rows of earlier ``--json`` files with their summary recomputed."""
+    import json
+
+    rows = [r for path in paths for r in json.loads(Path(path).read_text()) if r.get("kind") != "summary"]
+    order = [*TASKS, "digits_ep"]
+    rows.sort(key=lambda r: (order.index(r["task"]) if r["task"] in order else len(order), r["seed"]))
+    summ = summary(rows)
+    print(table(summ, list(summ[0])))
+    write_json(out, rows + [dict(r, kind="summary") for r in summ])
+
+
 def main():
     p = parser(__doc__)
     p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
@@ -210,7 +241,12 @@ def main():
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     p.add_argument("--every", type=int, default=50, help="evaluate the live model every this many steps")
     p.add_argument("--ep", action="store_true", help="also fit_ep on digits (robust-max), timed")
+    p.add_argument("--steps", nargs="+", default=[], metavar="TASK=N", help="a task's step budget instead of its own")
+    p.add_argument("--join", nargs="+", metavar="JSON", help="no runs: the summary of these earlier runs' rows")
     args = p.parse_args()
+    if args.join:
+        return join(args.join, args.json)
+    steps = {t: int(n) for t, n in (kv.split("=") for kv in args.steps)}
     setup(args)
     torch.set_default_dtype(torch.float64)
     if args.quick:
@@ -219,7 +255,7 @@ def main():
     for task in args.tasks:
         for seed in args.seeds:
             for method in args.methods:
-                rows.append(run(task, method, seed, args.quick, args.every))
+                rows.append(run(task, method, seed, args.quick, args.every, steps.get(task)))
                 print(table(rows[-1:], ["task", "method", "seed", "error", "second_half_max", "time_s", "failure"]),
                       flush=True)
             if args.ep and task == "digits_b400":
