@@ -32,7 +32,6 @@ def _mixing(L=3, Q=2):
 
 def test_mixed_marginals_and_covariance_by_monte_carlo():
     s = _mixing()
-    W = s.layer.W
     m, v = torch.randn(2, 2, 4), torch.rand(2, 2, 4) + 0.2  # [batch, Q, B]
     loc, var = s.mix(m, v)
     cov = s.mix_cov(v)
