@@ -1,0 +1,71 @@
+"""Properties of SOLVE-GP's orthogonal strategy (``pyro_sparsegp.variational.orthogonal``; Shi, Titsias, Mnih 2020,
+eqs. 4-5 and appendix D) against dense linear algebra: ``p(f | u, v_perp)`` is ``N(Kfu Kuu^{-1} u + Cfv Cvv^{-1} v,
+Kff - Kfu Kuu^{-1} Kuf - Cfv Cvv^{-1} Cvf)`` with ``Cvv = Kvv - Kvu Kuu^{-1} Kuv``, ``Cvf = Kvf - Kvu Kuu^{-1} Kuf``
+(``u = Luu u'``, ``v = Lc v'`` when whitened); a cross-covariance probe ``C`` adds ``2 a_n^T C d_n`` to the marginal
+variances (``a``, ``d`` the loadings of ``f_n`` on ``u`` and ``v_perp``); the un-whitened ODVGP's ``q(v_perp)`` has
+the prior's covariance ``Cvv``."""
+
+import pytest
+import torch
+from pyro.contrib.gp.kernels import RBF
+
+import pyro_sparsegp as ps
+
+
+def _layer(whiten, odvgp=False):
+    torch.manual_seed(0)
+    k = RBF(2, lengthscale=torch.tensor(0.8), variance=torch.tensor(1.2))
+    Z, O = torch.randn(4, 2), torch.randn(3, 2) + 0.3
+    gp = ps.SOLVEGP(k, Z, O, ps.Gaussian(0.1), whiten=whiten, odvgp=odvgp, jitter=1e-9)
+    return gp, k, Z, O
+
+
+def _dense(k, Z, O, X):
+    Kuu, Kvv = k(Z) + 1e-9 * torch.eye(len(Z)), k(O)
+    Kuv, Kuf, Kvf = k(Z, O), k(Z, X), k(O, X)
+    Cvv = Kvv - Kuv.mT @ torch.linalg.solve(Kuu, Kuv) + 1e-9 * torch.eye(len(O))
+    Cvf = Kvf - Kuv.mT @ torch.linalg.solve(Kuu, Kuf)
+    return Kuu, Cvv, Kuf, Cvf, k(X, diag=True)
+
+
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_conditional_against_dense(whiten):
+    gp, k, Z, O = _layer(whiten)
+    X, u, v = torch.randn(6, 2), torch.randn(4), torch.randn(3)
+    with torch.no_grad():
+        loc, var = gp.strategy.latent_moments(X, (u, v), consume=False)
+        Kuu, Cvv, Kuf, Cvf, kff = _dense(k, Z, O, X)
+        if whiten:
+            u, v = torch.linalg.cholesky(Kuu) @ u, torch.linalg.cholesky(Cvv) @ v
+        a, d = torch.linalg.solve(Kuu, Kuf), torch.linalg.solve(Cvv, Cvf)
+    torch.testing.assert_close(loc, a.mT @ u + d.mT @ v, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(var, kff - (Kuf * a).sum(0) - (Cvf * d).sum(0), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_cross_probe_adds_twice_the_cross_covariance_term(whiten):
+    gp, k, Z, O = _layer(whiten)
+    X = torch.randn(6, 2)
+    C = 0.05 * torch.randn(4, 3)
+    with torch.no_grad():
+        _, var0 = gp.strategy.latent_qf(X)
+        gp.strategy.clear()
+        gp.strategy.cross_probe = C
+        _, var1 = gp.strategy.latent_qf(X)
+        gp.strategy.cross_probe = None
+        Kuu, Cvv, Kuf, Cvf, _ = _dense(k, Z, O, X)
+        if whiten:  # loadings on the whitened variables u' = Luu^{-1} u, v' = Lc^{-1} v
+            a = torch.linalg.solve_triangular(torch.linalg.cholesky(Kuu), Kuf, upper=False)
+            d = torch.linalg.solve_triangular(torch.linalg.cholesky(Cvv), Cvf, upper=False)
+        else:
+            a, d = torch.linalg.solve(Kuu, Kuf), torch.linalg.solve(Cvv, Cvf)
+    torch.testing.assert_close(var1 - var0, 2 * (a * (C @ d)).sum(0), rtol=1e-3, atol=1e-6)
+
+
+def test_plain_odvgp_posterior_of_v_has_the_prior_covariance():
+    gp, k, Z, O = _layer(whiten=False, odvgp=True)
+    with torch.no_grad():
+        q_u, q_v = gp.strategy.site_distributions(guide=True)
+        _, Cvv, *_ = _dense(k, Z, O, torch.randn(2, 2))
+    torch.testing.assert_close(q_v.covariance_matrix, Cvv, rtol=1e-4, atol=1e-6)
+    assert len(gp.strategy.natgrad_families()) == 1
