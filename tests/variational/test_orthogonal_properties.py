@@ -69,3 +69,49 @@ def test_plain_odvgp_posterior_of_v_has_the_prior_covariance():
         _, Cvv, *_ = _dense(k, Z, O, torch.randn(2, 2))
     torch.testing.assert_close(q_v.covariance_matrix, Cvv, rtol=1e-4, atol=1e-6)
     assert len(gp.strategy.natgrad_families()) == 1
+
+
+def test_the_closed_form_kl_reuses_the_factorisation_of_qf():
+    """One Cholesky of ``Kuu`` and one of ``Cvv`` for ``qf`` and ``kl(consume=True)`` together (appendix D's
+    algorithm factorises each once), whitened or not."""
+    from unittest import mock
+
+    for whiten in (False, True):
+        gp, *_ = _layer(whiten)
+        real = torch.linalg.cholesky_ex
+        with torch.no_grad(), mock.patch("torch.linalg.cholesky_ex", side_effect=real) as chol:
+            gp.strategy.qf(torch.randn(5, 2))
+            gp.strategy.kl(consume=True)
+        assert sorted(c.args[0].shape[-1] for c in chol.call_args_list) == [3, 4], whiten
+
+
+@pytest.mark.parametrize("which", ["Z", "O"])
+def test_only_the_plain_layer_warns_about_a_singular_prior_covariance(which, monkeypatch):
+    """Near-duplicate inducing inputs make ``Kuu`` (``Z``) or ``Cvv`` (``O`` next to a point of ``Z``) numerically
+    singular: the un-whitened bound inverts it and warns; the whitened one never inverts it and stays silent."""
+    import warnings
+
+    from pyro_sparsegp import linalg
+    from pyro_sparsegp.linalg import IllConditionedWarning
+
+    k = RBF(2, lengthscale=torch.tensor(1.0))
+    Z = torch.tensor([[0.0, 0.0], [1.0, 0.5], [-1.0, 1.0]])
+    O = torch.tensor([[2.0, 2.0], [-2.0, -1.5]])
+    if which == "Z":
+        Z = torch.cat([Z, Z[:1] + 1e-9])
+    else:
+        O = torch.cat([O, Z[1:2] + 1e-9])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the constructor's own checks of the inputs may warn too
+        plain = ps.SOLVEGP(k, Z, O, ps.Gaussian(), whiten=False, jitter=1e-12)
+        white = ps.SOLVEGP(k, Z, O, ps.Gaussian(), whiten=True, jitter=1e-12)
+    monkeypatch.setattr(linalg, "_REPORTED", set())  # each warning is reported once per process
+    with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+        warnings.simplefilter("always")
+        white.strategy.joint_factors()
+    assert not [w for w in seen if issubclass(w.category, IllConditionedWarning)]
+    monkeypatch.setattr(linalg, "_REPORTED", set())
+    with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+        warnings.simplefilter("always")
+        plain.strategy.joint_factors()
+    assert [w for w in seen if issubclass(w.category, IllConditionedWarning)]
