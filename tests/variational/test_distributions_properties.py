@@ -25,6 +25,14 @@ def test_natural_parameters_against_a_dense_inverse():
     torch.testing.assert_close(theta2, -0.5 * S_inv, rtol=1e-4, atol=1e-6)
 
 
+def test_natural_parameters_of_one_unbatched_gaussian():
+    m, L = _gaussian()
+    theta1, theta2 = to_natural(m, L)
+    S_inv = torch.linalg.inv(L @ L.mT)
+    torch.testing.assert_close(theta1, S_inv @ m, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(theta2, -0.5 * S_inv, rtol=1e-4, atol=1e-6)
+
+
 def test_from_natural_inverts_to_natural():
     m, L = _gaussian((2,))
     m2, L2 = from_natural(*to_natural(m, L))

@@ -115,3 +115,21 @@ def test_only_the_plain_layer_warns_about_a_singular_prior_covariance(which, mon
         warnings.simplefilter("always")
         plain.strategy.joint_factors()
     assert [w for w in seen if issubclass(w.category, IllConditionedWarning)]
+
+
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_full_covariance_agrees_with_the_marginals(whiten):
+    """``qf_full`` (``full_terms``, eqs. 37-38 with the full covariance) and ``predict`` (the marginals of
+    ``latent_qf``) are two computations of ``q(f*)``: the mean agrees and the diagonal is the variance; the covariance
+    is symmetric positive semi-definite."""
+    gp, *_ = _layer(whiten)
+    with torch.no_grad():
+        gp.q_u.set(torch.randn(4), torch.eye(4) * 0.5 + 0.1 * torch.randn(4, 4).tril(-1))
+        gp.q_v.set(torch.randn(3), torch.eye(3) * 0.7)
+    X = torch.randn(6, 2)
+    mean_f, cov = gp.qf_full(X)
+    mean, var = gp.predict(X)
+    torch.testing.assert_close(mean_f.detach(), mean, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cov.detach().diagonal(), var, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cov, cov.mT)
+    assert float(torch.linalg.eigvalsh(cov.detach()).min()) > -1e-4

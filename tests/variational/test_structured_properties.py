@@ -54,6 +54,22 @@ def test_structured_batched_matches_each_member():
         torch.testing.assert_close(S[i], S_ref, rtol=1e-3, atol=1e-4)
 
 
+def test_structured_two_batch_dimensions_on_either_factor():
+    """``q(u)`` with batch ``[3, 2]`` and an unbatched ``q(v_perp)``, then the other way round: each member is the
+    dense image of its own factors (the batch is the broadcast of both factors' batches)."""
+    Kuu, Kuv, m_u, L_u, m_v, L_v = _case((3, 2))
+    _, _, m_u0, L_u0, m_v0, L_v0 = _case()
+    for args in ((m_u, L_u, m_v0, L_v0), (m_u0, L_u0, m_v, L_v)):
+        m, S = structured_svgp_params(Kuu, Kuv, *args)
+        assert m.shape == (3, 2, 7) and S.shape == (3, 2, 7, 7)
+        for i in range(3):
+            for j in range(2):
+                member = [t[i, j] if t.dim() > (1 if k % 2 == 0 else 2) else t for k, t in enumerate(args)]
+                m_ref, S_ref = _dense(Kuu, Kuv, *member)
+                torch.testing.assert_close(m[i, j], m_ref, rtol=1e-3, atol=1e-4)
+                torch.testing.assert_close(S[i, j], S_ref, rtol=1e-3, atol=1e-4)
+
+
 def test_structured_covariance_by_monte_carlo():
     Kuu, Kuv, m_u, L_u, m_v, L_v = case = _case()
     m, S = structured_svgp_params(*case)
