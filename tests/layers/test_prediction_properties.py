@@ -83,3 +83,13 @@ def test_the_mean_function_is_added_to_the_conditional_mean():
         loc1, var1 = gp1.moments(X, u)
     torch.testing.assert_close(loc1, loc0 + c)
     torch.testing.assert_close(var1, var0)
+
+
+@pytest.mark.parametrize("whiten", [False, True], ids=["plain", "whitened"])
+def test_a_new_layer_starts_at_its_prior(whiten):
+    """``q(u) = p(u)`` at construction (``N(0, Kuu)`` un-whitened, ``N(0, I)`` whitened): the KL term is zero."""
+    torch.manual_seed(0)
+    gp = ps.SVGP(RBF(1, lengthscale=torch.tensor(0.7)), torch.randn(5, 1), ps.Gaussian(), whiten=whiten)
+    with torch.no_grad():
+        kl = gp.strategy.kl()
+    assert abs(float(kl)) < 1e-5
