@@ -43,10 +43,17 @@ def test_nothing_counts_during_the_burn_in_or_before_the_start_step():
     assert late.observe(1000, [1e6] * 2) == [(1001, 0.5)]
 
 
+def test_the_burn_in_ends_after_exactly_burn_in_losses():
+    """The first loss sets the level; the verdicts start once ``BURN_IN`` more losses were seen."""
+    assert StepControl().observe(0, [10.0] * BURN_IN + [1e3] * 2) == []
+    assert StepControl().observe(0, [10.0] * (BURN_IN + 1) + [1e3] * 2) == [(BURN_IN + 2, 0.5)]
+
+
 def test_level_is_the_exponential_average_and_deviation_the_mean_absolute_deviation():
     c = StepControl()
     c.observe(0, [4.0] * 300)
     assert abs(c.level - 4.0) < 1e-12 and abs(c.dev) < 1e-12
+    assert c.scale == 1.0 and c.events == []  # a loss at the level is no spike, even with zero deviation
     c.observe(300, [4.0 + (1.0 if k % 2 else -1.0) for k in range(400)])
     assert abs(c.level - 4.0) < 0.1 and abs(c.dev - 1.0) < 0.1
     c2 = StepControl()
