@@ -97,3 +97,32 @@ def test_bad_labels_are_named_with_at_most_five_shown():
         lik.check_y(torch.tensor([1.0, float("nan")]))
     with pytest.raises(ValueError, match="binary labels are 0 and 1"):
         ps.Bernoulli().check_y(torch.tensor([-1.0, 1.0]))
+
+
+def test_documented_initial_values_and_node_counts():
+    """The initial parameters the docstrings state (StudentT df 3, Gamma shape 1: the exponential, dispersions 1)
+    and the default 20 Gauss-Hermite nodes."""
+    def value(t):
+        return float(t.detach())
+
+    assert value(ps.StudentT().df) == pytest.approx(3.0) and value(ps.StudentT().scale) == pytest.approx(1.0)
+    assert value(ps.Gamma().shape) == pytest.approx(1.0)
+    for cls in (ps.NegativeBinomial, ps.ZeroInflatedNegativeBinomial):
+        assert value(cls().dispersion) == pytest.approx(1.0) and cls().num_gh == 20
+    assert value(ps.ZeroInflatedNegativeBinomial().gate) == pytest.approx(0.1)
+    assert ps.PolyaGammaLogit().num_gh == 20 and ps.ZeroInflatedPoisson().num_gh == 20
+
+
+@pytest.mark.parametrize("gate", [0.0, 1.0, 1.5])
+def test_gate_must_lie_strictly_inside_the_unit_interval(gate):
+    with pytest.raises(ValueError, match="gate"):
+        ps.ZeroInflatedPoisson(gate=gate)
+
+
+def test_logit_predictive_with_batch_dimensions_is_elementwise():
+    lik = ps.Bernoulli(link="logit")
+    f_loc, f_var = torch.randn(2, 3), torch.rand(2, 3) + 0.5
+    p = lik.predictive(f_loc, f_var).probs
+    assert p.shape == (2, 3)
+    for i in range(2):
+        torch.testing.assert_close(p[i], lik.predictive(f_loc[i], f_var[i]).probs)

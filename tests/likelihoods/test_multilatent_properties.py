@@ -99,6 +99,23 @@ def test_robust_max_probabilities():
     assert lik.support.check(torch.tensor(K - 1)) and not lik.support.check(torch.tensor(K))
 
 
+def test_rule_sizes_beyond_six_latents_and_shape_checks():
+    x, _ = gaussian_rule(7, "gh")
+    assert x.shape == (3 ** 7, 7)  # 3 nodes per latent beyond Q = 6
+    lik = from_distribution(_normal_q, latent_dim=2)
+    with pytest.raises(ValueError, match="K=2"):
+        lik.distribution(torch.zeros(3, 4))
+    soft = ps.Softmax(3)
+    with pytest.raises(ValueError, match="K=3"):
+        soft.distribution(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="K=3"):
+        soft.predictive(torch.zeros(2, 4), torch.ones(2, 4))
+    rm = ps.RobustMax(3)
+    P = rm.prob_max(torch.randn(3, 5), torch.rand(3, 5) * 0.2 + 0.3)
+    assert P.shape == (3, 5)
+    torch.testing.assert_close(P.sum(0), torch.ones(5), rtol=0, atol=5e-3)
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="latent_dim"):
         from_distribution(_normal_q, latent_dim=0)
@@ -108,6 +125,14 @@ def test_bad_arguments_are_named():
         from_distribution(lambda f: dist.Normal(f, 1.0), rule="qmc")
     with pytest.raises(ValueError, match="num_samples"):
         from_distribution(_normal_q, latent_dim=2, rule="mc", num_samples=1)
+    with pytest.raises(ValueError, match="num_samples"):
+        from_distribution(_normal_q, latent_dim=2, rule="mc", num_samples=2.5)
+    with pytest.raises(ValueError, match="latent_dim"):
+        from_distribution(_normal_q, latent_dim=2.5)
+    from pyro_sparsegp.likelihoods.multilatent import _MultiLatent
+    for bad in (2.5, 1, True):
+        with pytest.raises(ValueError, match="latent_dim"):
+            _MultiLatent(bad)
     assert from_distribution(_normal_q, latent_dim=2, rule="mc", num_samples=2).num_samples == 2
     with pytest.raises(TypeError, match="fn must be a callable"):
         from_distribution(3)
