@@ -3,13 +3,15 @@ small change of one line) is run against the tests of its package that execute t
 
     pip install -e ".[test,bench]"   # coverage
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/mutation.py [TARGET ...] [--score PATH] [--detail PATH]
-        [--work DIR] [--list] [--check-equivalent]
+        [--work DIR] [--list] [--check-equivalent] [--sample K [--seed S]] [--survivors-of DETAIL [--pool TESTS]]
 
 ``TARGET``: a package of :data:`PACKAGES` (``covariances``, ``infer/natgrad``, ...) or one module file
 (``pyro_sparsegp/covariances/points.py``); default all seven. Writes ``benchmarks/records/mutation_score.json`` as
 ``{"<module path>": {"killed": k, "survived": s, "equivalent": e}}`` (entries of the modules run are replaced, the
 others kept) and ``benchmarks/records/mutation_detail.json`` (each surviving mutant, the tests that ran it, wall time
-per package). ``--list`` prints the mutants of the targets and runs nothing. Not part of CI or of the test suite.
+per package). ``--list`` prints the mutants of the targets and runs nothing. ``--sample K`` runs a seeded uniform
+sample of at most K mutants per module file (the detail file's ``sampling`` says which scores are sample estimates and
+of how many mutants). Not part of CI or of the test suite.
 
 **Tool: our own AST mutator with a fork server, after trying both tools of the package index on
 ``covariances/points.py`` against ``tests/covariances/`` (2 busy cores):**
@@ -57,6 +59,7 @@ import importlib.util
 import io
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -682,10 +685,11 @@ def _run_worker(kind: str, tree: Path, work: Path, arg: list[str], jobs: list) -
     return json.loads(out.read_text())
 
 
-def select_tests(m: Mutant, cover: dict) -> tuple[list[str], bool]:
+def select_tests(m: Mutant, cover: dict, max_tests: int | None = None) -> tuple[list[str], bool]:
     """The tests that cover the mutant's lines, fastest first, and whether the lines run at import; a mutant run at
     import (a registration, a module constant) may change what any test sees without that test running a line of the
-    module: then every test of the pool follows."""
+    module: then every test of the pool follows. ``max_tests``: only that many of them, the fastest (a mutant only
+    a slower test would kill then counts as a survivor: the score is a lower bound)."""
     lines = cover["lines"][m.module]
     tests = {t for ln in m.lines for t in lines.get(str(ln), ())}
     at_import = "<import>" in tests or not m.lines
@@ -694,18 +698,31 @@ def select_tests(m: Mutant, cover: dict) -> tuple[list[str], bool]:
     failed = set(cover["failed"])
     first = sorted(tests - failed, key=order)
     rest = sorted(set(cover["durations"]) - tests - failed, key=order) if at_import else []
-    return first + rest, at_import
+    return (first + rest)[:max_tests], at_import
 
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def sample_mutants(mutants: list[Mutant], k: int | None, seed: int, module: str) -> list[Mutant]:
+    """At most ``k`` of one module's mutants, a uniform random sample seeded by ``seed`` and the module path (so a
+    module's sample does not depend on which other modules run), in file order; all of them if ``k`` is None or there
+    are no more than ``k``."""
+    if k is None or len(mutants) <= k:
+        return mutants
+    keep = sorted(random.Random(f"{seed}:{module}").sample(range(len(mutants)), k))
+    return [mutants[i] for i in keep]
+
+
 def run_package(package: str, modules: list[str], tree: Path, work: Path, equivalent: dict, check_eq: bool,
-                earlier: dict | None = None, pool: list[str] | None = None) -> dict:
+                earlier: dict | None = None, pool: list[str] | None = None, sample: int | None = None,
+                seed: int = 0, max_tests: int | None = None) -> dict:
     """Run the mutants of ``modules`` against ``package``'s pool (or ``pool``). ``earlier`` (a detail file): a module
     unchanged since that run (same sha256) runs only the mutants that survived it; the others count as killed (tests
-    were only added, so ``pool`` may then name just the new test files)."""
+    were only added, so ``pool`` may then name just the new test files); a module sampled in that run is sampled
+    again with the same size and seed, so the same mutants are judged. ``sample``: at most that many mutants per
+    module (:func:`sample_mutants`)."""
     t0 = time.time()
     pool = pool or PACKAGES[package]
     cover = coverage_map(tree, work, package, modules, pool)
@@ -714,7 +731,16 @@ def run_package(package: str, modules: list[str], tree: Path, work: Path, equiva
     timeout = lambda tests: 5 * sum(cover["durations"].get(t, 1.0) for t in tests) + 60  # noqa: E731
     every = sorted({t for m in modules for ts in cover["lines"][m].values() for t in ts} - {"<import>"}
                    - set(cover["failed"]), key=lambda t: cover["durations"].get(t, 0.0))[:BASELINE_TESTS]
-    mutants = {module: collect_mutants(module, tree) for module in modules}
+    mutants, sampling = {}, {}
+    for module in modules:
+        every_mutant = collect_mutants(module, tree)
+        k, s = sample, seed
+        before = (earlier or {}).get("sampling", {}).get(module)
+        if earlier and earlier.get("sources", {}).get(module) == _sha(tree / module):
+            k, s = (before["k"], before["seed"]) if before and before.get("sampled") else (None, seed)
+        mutants[module] = sample_mutants(every_mutant, k, s, module)
+        sampling[module] = {"sampled": len(mutants[module]) < len(every_mutant), "population": len(every_mutant),
+                            "k": k, "seed": s}
     session, fresh, by_id = [{"id": "baseline", "tests": every, "timeout": timeout(every)}], [], {}
     for module, ms in mutants.items():
         eq_keys = {(e["location"], e["code"], e["mutation"]) for e in equivalent.get(module, [])}
@@ -728,7 +754,7 @@ def run_package(package: str, modules: list[str], tree: Path, work: Path, equiva
             if not m.status and survived_before is not None and m.key() not in survived_before:
                 m.status = "killed"  # in the earlier run
                 continue
-            m.tests, at_import = select_tests(m, cover)
+            m.tests, at_import = select_tests(m, cover, max_tests)
             if not m.tests:
                 m.status += "survived"
                 continue
@@ -761,8 +787,10 @@ def run_package(package: str, modules: list[str], tree: Path, work: Path, equiva
         for stale in listed - {m.key() for m in ms}:
             print(f"  WARNING: stale equivalent entry (no such mutant now): {module} {stale}")
         out[module] = (counts, ms)
-        print(f"[{package}] {module}: {counts}", flush=True)
-    return {"results": out, "wall_s": round(time.time() - t0, 1), "tests": len(cover["durations"])}
+        note = f" (a sample of {len(ms)} of {sampling[module]['population']})" if sampling[module]["sampled"] else ""
+        print(f"[{package}] {module}: {counts}{note}", flush=True)
+    return {"results": out, "wall_s": round(time.time() - t0, 1), "tests": len(cover["durations"]),
+            "sampling": sampling}
 
 
 # -- command line ---------------------------------------------------------------------------------------------------
@@ -814,12 +842,18 @@ def main() -> None:
                    "--survivors-of: the tests added since that run)")
     p.add_argument("--survivors-of", metavar="DETAIL", help="a detail file of an earlier run: in modules unchanged "
                    "since, run only its survivors and count the rest as killed")
+    p.add_argument("--sample", type=int, metavar="K", help="run a seeded random sample of at most K mutants per module "
+                   "(all if fewer); the detail file marks the module sampled with its population")
+    p.add_argument("--seed", type=int, default=0, help="the seed of --sample (default 0)")
+    p.add_argument("--max-tests", type=int, metavar="N", help="run each mutant against at most the N fastest of its "
+                   "covering tests (a survivor otherwise runs them all: minutes where a line is covered by ~200 "
+                   "tests); the score is then a lower bound")
     args = p.parse_args()
     by_package = targets_to_modules(args.targets)
     if args.list:
         for modules in by_package.values():
             for module in modules:
-                for m in collect_mutants(module):
+                for m in sample_mutants(collect_mutants(module), args.sample, args.seed, module):
                     print(f"{module}:{m.line} {m.location}: {m.mutation}  | {m.code}")
         return
     work = Path(args.work)
@@ -830,15 +864,17 @@ def main() -> None:
     earlier = json.loads(Path(args.survivors_of).read_text()) if args.survivors_of else None
     tree = make_tree(work)
     for package, modules in by_package.items():
-        run = run_package(package, modules, tree, work, equivalent, args.check_equivalent, earlier, args.pool)
+        run = run_package(package, modules, tree, work, equivalent, args.check_equivalent, earlier, args.pool,
+                          args.sample, args.seed, args.max_tests)
         for module, (counts, mutants) in run["results"].items():
             detail.setdefault("sources", {})[module] = _sha(tree / module)
+            detail.setdefault("sampling", {})[module] = run["sampling"][module]
             if sum(counts.values()):
                 score[module] = counts
             detail["survivors"][module] = [
                 {"location": m.location, "line": m.line, "code": m.code, "mutation": m.mutation,
                  "covering_tests": len(m.tests)} for m in mutants if m.status == "survived"]
-        detail["runs"][package] = {"wall_s": run["wall_s"], "tests_in_pool": run["tests"],
+        detail["runs"][package] = {"wall_s": run["wall_s"], "tests_in_pool": run["tests"], "max_tests": args.max_tests,
                                    "mutants": sum(sum(c.values()) for c, _ in run["results"].values()),
                                    "modules": {m: c for m, (c, _) in run["results"].items()}}
         for path, obj in ((args.score, score), (args.detail, detail)):
