@@ -75,12 +75,21 @@ def _holder(name: str):
     return None if ref is None else ref()
 
 
+def _collect(name: str) -> None:
+    """Let the garbage collector free a holder of ``name`` that only waits for it: the young generations first (a
+    module dropped moments ago, as when a notebook cell is run again, is usually there, and collecting them costs
+    little), the full collection (the heap's size) only if the holder is still there."""
+    gc.collect(1)
+    if _holder(name) is not None:
+        gc.collect()
+
+
 def unique_name(base: str) -> str:
     """``base`` if no live module holds it, else ``base_2``, ``base_3``, ... (the first free one). Modules that are
     only waiting for the garbage collector do not count (one ``gc.collect()`` before a suffix is given). Strings,
     not tensors, so shapes do not apply; implements no paper equation."""
     if _holder(base) is not None:
-        gc.collect()
+        _collect(base)
     if _holder(base) is None:
         return base
     k = 2
@@ -102,7 +111,7 @@ def claim_name(module, name: str) -> None:
     left by a module that no longer exists are dropped silently (they would be adopted, even with another shape).
     Implements no paper equation."""
     if _holder(name) is not None and _holder(name) is not module:
-        gc.collect()  # (holding no reference to it here: a module waiting for the collector does not count)
+        _collect(name)  # (holding no reference to it here: a module waiting for the collector does not count)
     old = _holder(name)
     _LIVE[name] = weakref.ref(module)
     if pyro.settings.get("module_local_params"):

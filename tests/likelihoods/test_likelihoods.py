@@ -71,11 +71,11 @@ def test_gradients_of_the_bound_match_finite_differences(name, whiten):
     y = _labels(name, N)
     lik = LIKELIHOODS[name]()
 
+    kernel = RBF(D)
+    gp = ps.SVGP(kernel, torch.randn(M, D), lik, whiten=whiten)
+    del kernel.variance, kernel.lengthscale, gp.Z  # replaced by the differentiable test inputs at each call
+
     def bound(Z, log_var, log_ls, m, L_raw):
-        kernel = RBF(D)
-        gp = ps.SVGP(kernel, Z.detach(), lik, whiten=whiten)
-        # replace the PyroParams by the differentiable test inputs
-        del kernel.variance, kernel.lengthscale, gp.Z
         kernel.variance, kernel.lengthscale, gp.Z = log_var.exp(), log_ls.exp(), Z
         Luu, W, kd = gp.strategy.factors(X, consume=True)
         L = torch.tril(L_raw, -1) + torch.diag_embed(L_raw.diagonal().exp())
