@@ -22,6 +22,21 @@ ROW_KEYS = ("dataset", "split", "method", "library", "test_nlpd", "rmse", "time_
 
 
 @dataclass
+class Task:
+    """One split of a real-data set: training ``X [N, D]``, ``y [N]`` (or ``[N, L]``), test ``Xt``, ``yt``, the
+    inducing inputs ``Z [M, D]`` and the targets' scale ``y_std`` (1 where the targets are not rescaled)."""
+
+    name: str
+    split: int
+    X: torch.Tensor
+    y: torch.Tensor
+    Xt: torch.Tensor
+    yt: torch.Tensor
+    Z: torch.Tensor
+    y_std: float = 1.0
+
+
+@dataclass
 class Method:
     run: object  # run(task, cfg) -> Trace
     library: str  # "gpytorch", "pyro_sparsegp", "torch" (the GLMs)

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
 
 import _realdata as rd
 import pyro.distributions as dist
@@ -63,15 +62,7 @@ from pyro_sparsegp.datasets import load_nmes1988, standardize
 LR, NGD_LR = 0.01, 0.1
 
 
-@dataclass
-class Task:
-    name: str
-    split: int
-    X: torch.Tensor
-    y: torch.Tensor
-    Xt: torch.Tensor
-    yt: torch.Tensor
-    Z: torch.Tensor
+Task = rd.Task
 
 
 def load_task(split: int, M: int, seed: int = 0) -> Task:

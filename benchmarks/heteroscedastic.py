@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
 
 import _realdata as rd
 import torch
@@ -69,16 +68,7 @@ DEFAULTS = {  # dataset: (splits, M, steps, batch)
 }
 
 
-@dataclass
-class Task:
-    name: str
-    split: int
-    X: torch.Tensor
-    y: torch.Tensor
-    Xt: torch.Tensor
-    yt: torch.Tensor
-    Z: torch.Tensor
-    y_std: float
+Task = rd.Task
 
 
 def load_task(name: str, split: int, M: int, seed: int = 0) -> Task:

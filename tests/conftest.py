@@ -51,3 +51,16 @@ def _reset(request):
     torch.set_default_dtype(old)
     if DEVICE is not None:
         torch.set_default_device(None)
+
+
+@pytest.fixture
+def registry():
+    """Restore the covariance rules' registry after a test that registers rules of its own."""
+    from pyro_sparsegp.covariances import dispatch
+
+    saved = dict(dispatch._RULES), dict(dispatch._DIAGS), dict(dispatch._HINTS)
+    yield
+    for live, old in zip((dispatch._RULES, dispatch._DIAGS, dispatch._HINTS), saved, strict=True):
+        live.clear()
+        live.update(old)
+    dispatch._CACHE.clear()

@@ -10,19 +10,7 @@ from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
 from pyro_sparsegp import covariances as cov
-from pyro_sparsegp.covariances import dispatch
 from pyro_sparsegp.inducing import InducingVariables
-
-
-@pytest.fixture
-def registry():
-    """Restore the registry after a test that registers rules of its own."""
-    saved = dict(dispatch._RULES), dict(dispatch._DIAGS), dict(dispatch._HINTS)
-    yield
-    for live, old in zip((dispatch._RULES, dispatch._DIAGS, dispatch._HINTS), saved, strict=True):
-        live.clear()
-        live.update(old)
-    dispatch._CACHE.clear()
 
 
 class Plain(InducingVariables):
