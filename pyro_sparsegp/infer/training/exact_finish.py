@@ -106,7 +106,14 @@ def why_not_exact_finish(module) -> str | None:
         return "it has a mean function"
     if not all(getattr(q, "learn_scale", False) for q in fams):
         return "its q(v⊥) has the prior's covariance (SOLVEGP(odvgp=True)), not one of its own"
-    if not all(p.requires_grad for q in fams for p in q.parameters()):
+    return untouchable(module, fams)
+
+
+def untouchable(module, families) -> str | None:
+    """Why no finish may set ``families`` of ``module`` (either finish): a frozen family, or a ``PyroSample``
+    hyperparameter (read outside a trace it is a draw from its prior); ``None`` if neither. No tensors, so shapes
+    do not apply."""
+    if not all(p.requires_grad for q in families for p in q.parameters()):
         return "a variational family is frozen (requires_grad_(False)); the finish would overwrite it"
     if sampled := sampled_attributes(module, names=False):
         where = ", ".join(f"{type(sub).__name__}.{attr}" for sub, attr, _ in sampled)

@@ -28,11 +28,10 @@ import time
 
 import torch
 
-from ...composition import sampled_attributes
 from ..natgrad.families import natgrad_families
 from ..natgrad.from_grads import natgrad_from_grads_
 from .distributed import rank_and_world_size
-from .exact_finish import resolve_finish, supports_exact_finish
+from .exact_finish import resolve_finish, supports_exact_finish, untouchable
 
 __all__ = ["natural_finish_", "natural_finish_run", "why_not_natural_finish", "resolve_any_finish", "MAX_HALVINGS",
            "DEFAULT_PASSES", "EPOCHS_PER_PASS"]
@@ -191,12 +190,7 @@ def why_not_natural_finish(module, elbo) -> str | None:
     families = natgrad_families(module)
     if not families:
         return "it has no full-covariance q(u)"
-    if not all(p.requires_grad for q in families for p in q.parameters()):
-        return "a variational family is frozen (requires_grad_(False)); the finish would overwrite it"
-    if sampled := sampled_attributes(module, names=False):
-        where = ", ".join(f"{type(sub).__name__}.{attr}" for sub, attr, _ in sampled)
-        return f"{where} is a PyroSample (a hyperprior)"
-    return None
+    return untouchable(module, families)
 
 
 def resolve_any_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps, epochs):
