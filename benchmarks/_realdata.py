@@ -122,6 +122,21 @@ def predictive(make_dist, y, mean, var, n: int = 64):
     return lp, (d.mean * w).sum(-1)
 
 
+def predictive2(make_dist, y, mean, var, n: int = 32):
+    """:func:`predictive` for a likelihood of two latent functions with independent marginals ``mean``, ``var``
+    ``[T, 2]``: the ``n x n`` product Gauss-Hermite rule, ``make_dist(f [T, 2, n * n])`` a torch distribution of
+    ``y`` of batch ``[T, n * n]`` (or ``[T, 1, n * n]``, a multi-latent likelihood's site shape)."""
+    x, w = gauss_hermite(n, mean.dtype)
+    sd = var.clamp_min(0).sqrt()
+    f0 = (mean[:, 0, None, None] + sd[:, 0, None, None] * x[:, None]).expand(-1, n, n)  # [T, n, n]
+    f1 = (mean[:, 1, None, None] + sd[:, 1, None, None] * x[None, :]).expand(-1, n, n)
+    f = torch.stack([f0.reshape(len(y), -1), f1.reshape(len(y), -1)], 1)  # [T, 2, n * n]
+    d, W = make_dist(f), (w[:, None] * w[None, :]).reshape(-1)
+    T = len(y)
+    lp_nodes = d.log_prob(y.reshape((T,) + (1,) * (len(d.batch_shape) - 1))).reshape(T, -1)  # [T, n * n]
+    return torch.logsumexp(lp_nodes + W.log(), -1), (d.mean.reshape(T, -1) * W).sum(-1)
+
+
 def split_rows(runs: dict, methods: dict, info: dict, tol: float) -> list[dict]:
     """One row per run of a cell (``info``: ``dataset``, ``split``, ``M``): final test NLPD (and RMSE), training
     seconds, steps, and ``time_to_peer_s``, the training time from which the run stays within ``tol`` of its peer's

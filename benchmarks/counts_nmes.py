@@ -143,15 +143,19 @@ def run_ours(task: Task, cfg, likelihood, link: str = "log") -> rd.Trace:
 
     from pyro_sparsegp.mean_functions import Constant, Linear
 
-    D = task.X.shape[1]
-    m = task.y.mean()  # the prior mean starts at the link's inverse of the mean count
-    start = m.log() if link == "log" else m.expm1().log()
-    mean_fn = Constant(1, start) if cfg.mean == "constant" else Linear(D, 1, b=start.reshape(1))
+    D, Q = task.X.shape[1], likelihood.latent_dim
+    m = task.y.mean()  # the prior mean starts at the link's inverse of the mean count (a second latent: at 0)
+    start = torch.zeros(Q)
+    start[0] = m.log() if link == "log" else m.expm1().log()
+    mean_fn = Constant(Q, start) if cfg.mean == "constant" else Linear(D, Q, b=start)
     gp = ps.SVGP(RBF(D, lengthscale=torch.ones(D)), task.Z.clone(), likelihood, mean_function=mean_fn)
 
     def evaluate():
         mean, var = gp.predict(task.Xt)
-        lp, pmean = rd.predictive(gp.likelihood.distribution, task.yt, mean, var)
+        if Q == 2:  # [T, 2] marginals of the log mean and the log dispersion, the distribution's f [T, 2, n]
+            lp, pmean = rd.predictive2(gp.likelihood.distribution, task.yt, mean, var)
+        else:
+            lp, pmean = rd.predictive(gp.likelihood.distribution, task.yt, mean, var)
         return {"test_nlpd": -lp.mean().item(), "rmse": (pmean - task.yt).pow(2).mean().sqrt().item()}
 
     return rd.ours_fit(gp, task.X, task.y, cfg.steps, cfg.batch, rd.Trace(evaluate, cfg.every), lr=LR)
@@ -188,6 +192,8 @@ METHODS = {
                              peer="gpytorch_negbin_ngd"),
     "ours_negbin1": rd.Method(lambda t, c: run_ours(t, c, ps.NegativeBinomial(variance="NB1")), "pyro_sparsegp",
                               peer="gpytorch_negbin_ngd"),
+    "ours_negbin_het": rd.Method(lambda t, c: run_ours(t, c, ps.HeteroscedasticNegativeBinomial(variance="NB1")),
+                                 "pyro_sparsegp", peer="gpytorch_negbin_ngd"),
     "ours_negbin1_softplus": rd.Method(lambda t, c: run_ours(t, c, softplus_nb1(), link="softplus"), "pyro_sparsegp",
                                        peer="gpytorch_negbin_ngd"),
 }
@@ -203,6 +209,8 @@ DONE_WHEN = [  # issue 47: (label, a, b[, options]) for _realdata.condition
     ("softplus-NB1 vs the NB1 GLM", "ours_negbin1_softplus", "glm_negbin1", {"rule": "no_worse"}),
     ("NB vs GPyTorch NB (NGD)", "ours_negbin", "gpytorch_negbin_ngd", {"timed": True}),
     ("NB1 vs GPyTorch NB (NGD)", "ours_negbin1", "gpytorch_negbin_ngd", {"timed": True}),
+    ("heteroscedastic NB1 vs GPyTorch NB (NGD)", "ours_negbin_het", "gpytorch_negbin_ngd", {"timed": True}),
+    ("heteroscedastic NB1 vs NB1", "ours_negbin_het", "ours_negbin1"),
     ("GPyTorch's NB model, ours vs GPyTorch (NGD)", "ours_negbin1_softplus", "gpytorch_negbin_ngd", {"timed": True}),
     ("GPyTorch's NB model, ours vs GPyTorch (Adam)", "ours_negbin1_softplus", "gpytorch_negbin", {"timed": True}),
     ("Poisson vs GPyTorch Poisson (NGD)", "ours_poisson", "gpytorch_poisson_ngd", {"timed": True}),

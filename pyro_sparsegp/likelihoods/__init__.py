@@ -14,7 +14,8 @@ augmented bound), :mod:`.counts` (:class:`Poisson`, :class:`NegativeBinomial`, :
 :class:`ZeroInflatedNegativeBinomial`), :mod:`.continuous` (:class:`StudentT`, :class:`Gamma`, :class:`Beta`),
 :mod:`.multilatent` (the shapes and integration rules of likelihoods of several latent functions),
 :mod:`.multiclass` (:class:`RobustMax`, :class:`Softmax`), :mod:`.heteroscedastic`
-(:class:`HeteroscedasticGaussian`) and :mod:`.generic` (:func:`from_distribution`: any Pyro distribution).
+(:class:`HeteroscedasticGaussian`, :class:`HeteroscedasticNegativeBinomial`)
+and :mod:`.generic` (:func:`from_distribution`: any Pyro distribution).
 ``docs/likelihoods.md`` is the catalogue.
 
 Shapes: element-wise likelihoods take ``f`` ``[..., B]`` and give ``y`` ``[..., B]``; a likelihood of ``Q > 1``
@@ -27,7 +28,7 @@ from .continuous import Beta, Gamma, StudentT
 from .counts import NegativeBinomial, Poisson, ZeroInflatedNegativeBinomial, ZeroInflatedPoisson
 from .gaussian import Gaussian
 from .generic import from_distribution
-from .heteroscedastic import HeteroscedasticGaussian
+from .heteroscedastic import HeteroscedasticGaussian, HeteroscedasticNegativeBinomial
 from .multiclass import RobustMax, Softmax
 from .multilatent import QuadratureMixture, gaussian_rule
 from .polya_gamma import PolyaGammaLogit, jaakkola_jordan_bound, optimal_c
@@ -47,6 +48,7 @@ __all__ = [
     "Gamma",
     "Beta",
     "HeteroscedasticGaussian",
+    "HeteroscedasticNegativeBinomial",
     "from_distribution",
     "gaussian_rule",
     "QuadratureMixture",

@@ -1,6 +1,7 @@
-r"""The heteroscedastic Gaussian likelihood: two latent functions per observation, the mean and the log noise
-standard deviation (a chained GP, Saul, Hensman, Vehtari, Lawrence 2016; the variational heteroscedastic GP of
-Lázaro-Gredilla and Titsias 2011). Shapes follow :mod:`.multilatent`: ``f [..., 2, B]``, the observed site and the
+r"""Heteroscedastic likelihoods: two latent functions per observation, a location and a log scale. The
+Gaussian's are the mean and the log noise standard deviation (a chained GP, Saul, Hensman, Vehtari, Lawrence 2016;
+the variational heteroscedastic GP of Lázaro-Gredilla and Titsias 2011); the negative binomial's are the log mean
+count and the log dispersion. Shapes follow :mod:`.multilatent`: ``f [..., 2, B]``, the observed site and the
 expected log-likelihood ``[..., 1, B]``, the predictive ``[..., B]``.
 """
 
@@ -10,11 +11,13 @@ import math
 
 import pyro.distributions as dist
 import torch
+from torch.distributions import constraints
 
 from ..linalg import gauss_hermite
+from .counts import _COUNTS_FIX
 from .multilatent import _VAR_FLOOR, _MultiLatent
 
-__all__ = ["HeteroscedasticGaussian"]
+__all__ = ["HeteroscedasticGaussian", "HeteroscedasticNegativeBinomial"]
 
 
 class HeteroscedasticGaussian(_MultiLatent):
@@ -69,3 +72,50 @@ class HeteroscedasticGaussian(_MultiLatent):
         scale = (v_g.unsqueeze(-1) + (2 * h).exp()).sqrt()
         component = dist.Normal(m_g.unsqueeze(-1).expand_as(scale), scale)
         return dist.MixtureSameFamily(dist.Categorical(probs=w.expand(scale.shape)), component)
+
+
+class HeteroscedasticNegativeBinomial(_MultiLatent):
+    r"""Counts whose over-dispersion varies with the inputs: a negative binomial of mean :math:`\mu = e^{g}` and
+    dispersion :math:`\alpha = e^{h}`, with two latent functions, ``f[..., 0, :]`` the log mean :math:`g` and
+    ``f[..., 1, :]`` the log dispersion :math:`h` (``latent_dim = 2``: a layer infers ``num_outputs = 2``). The
+    chained-GP construction of Saul, Hensman, Vehtari, Lawrence 2016 ("Chained Gaussian processes") applied to the
+    negative binomial whose dispersion is a function of the covariates (the "heterogeneous" or "generalized"
+    negative binomial of count regression: Hilbe 2011, "Negative Binomial Regression"; Cameron and Trivedi 2013,
+    "Regression Analysis of Count Data"), with a GP in place of the linear predictor of :math:`\log \alpha`.
+
+    * ``variance="NB2"`` (default, as :class:`~.NegativeBinomial`): variance :math:`\mu + \alpha \mu^2`,
+      ``NegativeBinomial(total_count=e^{-h}, logits=g + h)``;
+    * ``variance="NB1"``: variance :math:`\mu (1 + \alpha)`, ``NegativeBinomial(total_count=e^{g - h}, logits=h)``.
+
+    No parameters of its own: the dispersion is the second GP (give the layer a constant mean function
+    ``Constant(2, [log mean count, log alpha0])`` to start it elsewhere than :math:`\alpha = 1`).
+
+    **Expected log-likelihood** (the data term of Hensman, Matthews, Ghahramani 2015, eq. 21, with two latents):
+    the product Gauss-Hermite rule with ``num_gh`` nodes per latent (:func:`~.multilatent.gaussian_rule`); no closed
+    form exists (:math:`\log \Gamma(y + r)` of a log-normal :math:`r`). Its error against an 80-node-per-latent
+    rule (scipy's probability mass function) is measured in ``tests/likelihoods/test_heteroscedastic_counts.py``:
+    with the default 10 nodes, below ``1e-9`` nats at latent standard deviations of 0.5 and ``1e-5`` at 1 (counts
+    up to 40, log means in :math:`[-1, 3]`, log dispersions in :math:`[-2, 1]`). **Predictive**: the same rule's
+    mixture of negative binomials (:class:`~.QuadratureMixture`), batch ``[..., B]``.
+
+    Shapes: ``f`` and the marginals ``[..., 2, B]``; ``y`` ``[B]``, ``[..., 1, B]`` or ``[..., B]`` (non-negative
+    integers); :meth:`expected_log_prob` ``[..., 1, B]``; :meth:`predictive` batch ``[..., B]``.
+
+    :param str variance: ``"NB2"`` or ``"NB1"`` (above).
+    :param int num_gh: Gauss-Hermite nodes per latent (``num_gh ** 2`` points per observation).
+    """
+
+    support = constraints.nonnegative_integer
+    _y_fix = _COUNTS_FIX
+
+    def __init__(self, variance: str = "NB2", num_gh: int = 10):
+        if variance not in ("NB2", "NB1"):
+            raise ValueError(f"variance must be 'NB2' (mu + alpha mu^2) or 'NB1' (mu (1 + alpha)), got {variance!r}")
+        super().__init__(2, num_gh)
+        self.variance = variance
+
+    def _flat_distribution(self, f):
+        g, h = f[..., 0, :], f[..., 1, :]
+        if self.variance == "NB1":  # r = mu / alpha, p = alpha / (1 + alpha)
+            return dist.NegativeBinomial((g - h).exp(), logits=h)
+        return dist.NegativeBinomial((-h).exp(), logits=g + h)  # r = 1 / alpha, odds = alpha mu

@@ -33,6 +33,11 @@ CASES = {
              .clamp(1e-4, 1 - 1e-4), 1),
     "HeteroscedasticGaussian": (lambda: ps.HeteroscedasticGaussian(),
                                 lambda f: f[..., 0, :] + f[..., 1, :].exp() * torch.randn_like(f[..., 0, :]), 2),
+    # NB1 as the Gamma-Poisson mixture: rate ~ Gamma(shape mu / alpha, rate 1 / alpha), mean mu, var mu (1 + alpha)
+    "HeteroscedasticNegativeBinomial": (
+        lambda: ps.HeteroscedasticNegativeBinomial(variance="NB1"),
+        lambda f: torch.poisson(torch.distributions.Gamma((f[..., 0, :] - f[..., 1, :]).exp(),
+                                                          (-f[..., 1, :]).exp()).sample()), 2),
 }
 
 

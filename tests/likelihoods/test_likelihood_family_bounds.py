@@ -50,7 +50,8 @@ def test_every_learnable_parameter_gets_a_gradient(name):
     with torch.no_grad():  # off the prior (at q(u) = p(u), whitened, q(f) does not depend on the length-scale)
         gp.q_u.set(0.5 * torch.randn_like(gp.q_u.u_loc), 0.7 * gp.q_u.u_scale_tril)
     lik_params = {n for n, _ in gp.likelihood.named_parameters()}
-    assert len(lik_params) == {"Poisson": 0, "HeteroscedasticGaussian": 0, "StudentT": 2,
+    assert len(lik_params) == {"Poisson": 0, "HeteroscedasticGaussian": 0, "HeteroscedasticNegativeBinomial": 0,
+                               "StudentT": 2,
                                "ZeroInflatedNegativeBinomial": 2}.get(name, 1)
     for loss in (lambda: -gp.analytic_elbo(X, y),
                  lambda: Trace_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=2)
