@@ -91,15 +91,17 @@ def test_other_shapes_take_the_dense_product(cls, blocked, monkeypatch):
     assert not blocked
 
 
+@pytest.mark.parametrize("form", ["distribution", "callable"])
 @pytest.mark.parametrize("site", ["variance", "lengthscale"])
 @pytest.mark.parametrize("cls", KERNELS)
-def test_hyperparameters_drawn_per_particle_take_the_dense_product(cls, site, blocked):
-    """A hyperparameter with batch dimensions (a ``PyroSample`` under vectorised particles) gives one product per
-    particle, ``[P, N]``, each the one of a kernel with that particle's value."""
+def test_hyperparameters_drawn_per_particle_take_the_dense_product(cls, site, form, blocked):
+    """A hyperparameter with batch dimensions (a ``PyroSample`` under vectorised particles, its prior a distribution
+    or a callable) gives one product per particle, ``[P, N]``, each the one of a kernel with that particle's
+    value."""
     X, Z, a = torch.randn(6, 2), torch.randn(4, 2), torch.randn(4)
     k = cls(2, variance=torch.tensor(0.8), lengthscale=torch.tensor([0.9, 1.3]))
     prior = dist.LogNormal(0.0, 0.3) if site == "variance" else dist.LogNormal(torch.zeros(2), 0.3).to_event(1)
-    setattr(k, site, PyroSample(prior))
+    setattr(k, site, PyroSample(prior if form == "distribution" else lambda self: prior))
     with pyro.plate("particles", 3, dim=-2), k._pyro_context:
         v = getattr(k, site)  # [3, 1] or [3, 1, 2]
         got = kernel_matvec(k, X, Z, a)
@@ -108,6 +110,20 @@ def test_hyperparameters_drawn_per_particle_take_the_dense_product(cls, site, bl
         kw = {"variance": torch.tensor(0.8), "lengthscale": torch.tensor([0.9, 1.3])}
         kw[site] = v[p, 0]
         torch.testing.assert_close(got[p], cls(2, **kw)(X, Z) @ a)
+
+
+@pytest.mark.parametrize("cls", KERNELS)
+def test_hyperparameters_with_a_batch_of_one_take_the_dense_product(cls, blocked):
+    """A lengthscale ``[1, D]`` or a variance ``[1, 1]`` (batch dimensions of size one) are batched hyperparameters
+    (module docstring): the dense product."""
+    X, Z, a = torch.randn(6, 2), torch.randn(4, 2), torch.randn(4)
+    for kw in ({"lengthscale": torch.tensor([[0.9, 1.3]])}, {"lengthscale": torch.tensor([[1.1]])},
+               {"variance": torch.tensor([[0.7]])}):
+        k = cls(2, **kw)
+        got, want = kernel_matvec(k, X, Z, a), kernel_matrix(k, X, Z) @ a
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+    assert not blocked
 
 
 @pytest.mark.float64
