@@ -168,8 +168,11 @@ def test_offset_inputs_far_apart_are_exact_through_the_differences():
 
 @pytest.mark.parametrize("cls", KERNELS)
 def test_the_gradient_of_a_alone(cls):
-    """Only ``a`` requires a gradient (data and inducing inputs fixed): ``var G^T c`` = the dense product's."""
+    """Only ``a`` requires a gradient (data, inducing inputs and hyperparameters fixed): ``var G^T c`` = the dense
+    product's."""
     k = cls(2, variance=torch.tensor(1.4), lengthscale=torch.tensor([0.8, 1.2]))
+    for p in k.parameters():
+        p.requires_grad_(False)
     X, Z = torch.randn(7, 2), torch.randn(5, 2)
     a = torch.randn(5, requires_grad=True)
     c = torch.linspace(-1.0, 2.0, 7)
