@@ -172,11 +172,33 @@ def test_default_active_dims_read_the_first_input_dim_features():
 
 
 @pytest.mark.parametrize("cls", [pk.RBF, pk.Matern32])
-def test_a_slice_without_stop_acts_on_every_feature(cls):
-    k = cls(2, lengthscale=torch.tensor(0.8))
-    k.active_dims = slice(None)  # Pyro's kernels slice inputs with it as they are: every feature
-    X, Z = torch.randn(5, 2), torch.randn(3, 2)
-    torch.testing.assert_close(kernel_matrix(k, X, Z), cls(2, lengthscale=torch.tensor(0.8))(X, Z))
+def test_slices_as_active_dims_select_what_pyro_selects(cls):
+    """``active_dims`` given as a slice (Pyro's kernels index inputs with it as it is): ``slice(0, 2)`` and
+    ``slice(1, 3)`` two of three features, ``slice(None)`` every feature, however many; each against Pyro's own
+    kernel. Inputs without the features a slice names are refused."""
+    X, Z = torch.randn(5, 3), torch.randn(4, 3)
+    for ad in (slice(0, 2), slice(1, 3), slice(None)):
+        k = cls(2, lengthscale=torch.tensor([0.8, 1.9]) if ad.stop else torch.tensor(0.8))
+        k.active_dims = ad
+        torch.testing.assert_close(kernel_matrix(k, X, Z), k(X, Z))
+    k.active_dims = slice(1, 3)
+    assert required_features(k) == 3
+    with pytest.raises(ValueError, match=r"acts on features \[1, 2\]"):
+        kernel_matrix(k, X[:, :2])
+
+
+def test_particles_left_of_two_plates_keep_their_singleton():
+    """A hyperparameter drawn under vectorised particles at dim -3 (a model with two plates): ``[P, 1, 1]``; the
+    data plate's singleton is dropped and the other kept: one ``[1, N, M]`` matrix per particle."""
+    k = pk.Matern52(2)
+    k.variance = PyroSample(dist.LogNormal(0.0, 0.3))
+    X, Z = torch.randn(5, 2), torch.randn(4, 2)
+    with pyro.plate("particles", 3, dim=-3), k._pyro_context:
+        var = k.variance  # [3, 1, 1]
+        K = kernel_matrix(k, X, Z)
+    assert var.shape == (3, 1, 1) and K.shape == (3, 1, 5, 4)
+    for p in range(3):
+        torch.testing.assert_close(K[p, 0], pk.Matern52(2, variance=var[p, 0, 0])(X, Z))
 
 
 @pytest.mark.parametrize("cls", [pk.RBF, pk.Matern52])

@@ -38,6 +38,28 @@ def test_the_input_width_is_the_widest_parts():
     torch.testing.assert_close(k(X)[1], RBF(1)(X[:, 4:]))
 
 
+def test_inputs_shared_by_the_parts_or_one_set_each():
+    """``X`` ``[..., K, N, D]`` with ``K = 1`` (every part reads the same inputs) or ``K = Q`` (part ``q`` reads set
+    ``q``), batched or not; any other ``K`` is refused by name."""
+    parts = _parts()
+    k = Separate(parts)
+    X1, XQ, Z = torch.randn(1, 5, 2), torch.randn(3, 5, 2), torch.randn(4, 2)
+    for X, pick in ((X1, lambda q: X1[0]), (XQ, lambda q: XQ[q])):
+        K, d = k(X, Z), k(X, diag=True)
+        assert K.shape == (3, 5, 4) and d.shape == (3, 5)
+        for q, p in enumerate(parts):
+            torch.testing.assert_close(K[q], p(pick(q), Z))
+            torch.testing.assert_close(d[q], p(pick(q), diag=True))
+    Xb = torch.randn(2, 1, 5, 2)  # a batch of shared inputs: [2, Q, N, M]
+    Kb = k(Xb, Z)
+    assert Kb.shape == (2, 3, 5, 4)
+    for b in range(2):
+        for q, p in enumerate(parts):
+            torch.testing.assert_close(Kb[b, q], p(Xb[b, 0], Z))
+    with pytest.raises(ValueError, match=r"must be 1 \(shared\) or 3"):
+        k(torch.randn(2, 5, 2), Z)
+
+
 @pytest.mark.parametrize("bad, what", [
     (RBF(2), "a list of kernels"),  # one kernel, not a list
     (torch.nn.ModuleList([RBF(2), RBF(2)]), "a list of kernels"),  # a module (Separate wraps the list itself)
