@@ -40,12 +40,13 @@ __all__ = ["kernel_matrix", "kernel_diag", "expected_input_dim", "required_featu
 
 
 def _active(kernel):
-    """The feature indices a kernel acts on (a list of ints), or ``None`` for a kernel without ``active_dims``."""
+    """The feature indices a kernel acts on (a list of ints), or ``None`` for a kernel without ``active_dims`` (or
+    with a slice without an end: every feature). A slice selects input columns, as Pyro's kernels index with it."""
     ad = getattr(kernel, "active_dims", None)
     if ad is None:
         return None
     if isinstance(ad, slice):
-        return list(range(kernel.input_dim))[ad] if ad.stop is not None else None
+        return list(range(ad.stop))[ad] if ad.stop is not None else None
     return [int(i) for i in ad]
 
 

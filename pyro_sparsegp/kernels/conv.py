@@ -299,10 +299,13 @@ class _RBFPatchGramDiag(torch.autograd.Function):
 
 
 def _sum_to_shape(t: torch.Tensor, shape) -> torch.Tensor:
-    """Sum ``t`` down to ``shape`` (autograd's reduction for broadcast inputs)."""
+    """Sum ``t`` down to ``shape`` (autograd's reduction for broadcast inputs); the same elements in another layout
+    (a scalar gradient of a one-element ``[1]`` variance) are reshaped."""
     shape = torch.Size(shape)
     if t.shape == shape:
         return t
+    if t.numel() == shape.numel():
+        return t.reshape(shape)
     lead = t.dim() - len(shape)
     if lead > 0:
         t = t.sum(tuple(range(lead)))

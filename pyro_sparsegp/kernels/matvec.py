@@ -129,9 +129,10 @@ class _StationaryMatvec(torch.autograd.Function):
 
 def _by_matrix(kernel, X, Z, a):
     """``kernel_matrix(kernel, X, Z) @ a``, in blocks of rows of a 2-D ``X`` (:func:`block_elements` per block,
-    each block's matrix kept for autograd)."""
+    each block's matrix kept for autograd) when ``Z`` is 2-D and ``a`` a vector (a batched ``Z`` would put the
+    batch, not the rows, first in each block's product)."""
     block = block_elements(X.device)
-    if X.dim() != 2 or a.dim() != 1 or X.shape[0] * Z.shape[-2] <= block:
+    if X.dim() != 2 or Z.dim() != 2 or a.dim() != 1 or X.shape[0] * Z.shape[-2] <= block:
         return kernel_matrix(kernel, X, Z) @ a
     rows = max(1, block // Z.shape[-2])
     return torch.cat([kernel_matrix(kernel, X[i : i + rows], Z) @ a for i in range(0, X.shape[0], rows)])
