@@ -15,6 +15,7 @@ from pyro.contrib.gp.kernels import RBF
 from pyro.nn import PyroSample
 
 import pyro_sparsegp as ps
+from pyro_sparsegp.inducing import InducingPoints
 from pyro_sparsegp.mean_functions import Linear
 
 
@@ -77,6 +78,7 @@ def test_the_guide_masks_the_missing_outputs_of_its_minibatch():
         tr.compute_log_prob()
         idx = tr.nodes[f"{gp.name}.data"]["value"]
         omega = tr.nodes[f"{gp.name}.omega"]
+        assert {f.name for f in omega["cond_indep_stack"]} == {f"{gp.name}.outputs", f"{gp.name}.data"}
         assert omega["value"].shape == (2, len(idx))
         observed = ~torch.isnan(y[idx]).mT  # [L, B]
         torch.testing.assert_close(omega["mask"].expand(2, len(idx)), observed)
@@ -100,6 +102,18 @@ def test_a_layer_without_likelihood_has_one_output():
     assert gp.num_outputs is None
     mean, var = gp.predict(torch.randn(4, 1))
     assert mean.shape == var.shape == (4,)
+    X, y = torch.randn(6, 1), torch.randn(6)
+    tr = pyro.poutine.trace(gp.model).get_trace(X, y)  # nothing observes y: it is ignored
+    assert not any(n.get("is_observed") for n in tr.nodes.values() if n["type"] == "sample")
+
+
+@pytest.mark.parametrize("num_outputs", [None, 2], ids=["single", "two_outputs"])
+def test_inputs_whose_leading_dimension_no_plate_owns_are_refused(num_outputs):
+    """``X`` ``[3, (1,) N, D]`` in a program without a plate for the 3: ``f``'s site names the dimension."""
+    gp = ps.SVGP(_kernel(), _Z(), ps.Gaussian(0.1), num_outputs=num_outputs)
+    X = torch.randn(3, 6, 1) if num_outputs is None else torch.randn(3, 1, 6, 1)
+    with pytest.raises(ValueError, match="belongs to no plate"):
+        pyro.poutine.trace(gp.guide).get_trace(X, None)
 
 
 def test_arrays_and_lists_equal_tensors():
@@ -112,10 +126,28 @@ def test_arrays_and_lists_equal_tensors():
         assert torch.is_tensor(other.Z) and other.Z.dtype == Z.dtype
         torch.testing.assert_close(other.Z, Z)
         torch.testing.assert_close(other.predict(X)[0], a.predict(X)[0])
-    plate = a.create_plates(np.asarray(X.tolist()))
-    assert plate.size == 6
-    with plate as idx:
-        assert len(idx) == 6
+    d = ps.SVGP(_kernel(), InducingPoints(Z.clone()), ps.Gaussian(0.1), name="d")  # inducing variables as given
+    torch.testing.assert_close(d.predict(X)[0], a.predict(X)[0])
+    for Xa in (np.asarray(X.tolist()), X.tolist()):
+        plate = a.create_plates(Xa)
+        assert plate.size == 6
+        with plate as idx:
+            assert len(idx) == 6
+
+
+@pytest.mark.parametrize("as_array", [list, np.asarray], ids=["list", "numpy"])
+def test_bad_inducing_inputs_given_as_arrays_are_refused_by_name(as_array):
+    with pytest.raises(ValueError, match="at least one"):
+        ps.SVGP(_kernel(), as_array([[], []]), ps.Gaussian(0.1))  # two inducing inputs of no feature
+    with pytest.raises(ValueError, match="input_dim"):
+        ps.SVGP(RBF(2), as_array([[0.0], [1.0]]), ps.Gaussian(0.1))  # 1 feature, the kernel reads 2
+
+
+def test_inputs_with_the_wrong_number_of_features_are_refused_by_name():
+    gp = ps.SVGP(_kernel(), _Z(), ps.Gaussian(0.1))
+    for X in (torch.randn(6, 2), torch.randn(3, 6, 2)):
+        with pytest.raises(ValueError, match="D = 1"):
+            gp.predict(X)
 
 
 @pytest.mark.parametrize("num_outputs", [None, 2], ids=["single", "two_outputs"])
