@@ -81,3 +81,13 @@ def test_class_probabilities_keep_their_layout_at_one_point():
     single = build_deep_gp(X, [2], ps.Bernoulli(), num_inducing=4, hidden_scale=0.3)
     assert single.predict_proba(X, 5).shape == (9,)
     assert single.predict_proba(X[:1], 5).shape == (1,)
+
+
+def test_prediction_keeps_no_factors():
+    """No ``[S, K, B]``-sized factors stay cached in any layer after ``predict``, ``predict_proba`` or
+    ``predictive_log_prob``."""
+    X, y = _data()
+    dgp = build_deep_gp(X, [2], ps.Gaussian(0.2), num_inducing=4, hidden_scale=0.5)
+    for call in (lambda: dgp.predict(X, 3, batch_size=4), lambda: dgp.predictive_log_prob(X, y, 3)):
+        call()
+        assert all(len(layer.strategy.cache) == 0 for layer in dgp._stack)

@@ -12,6 +12,7 @@ from pyro.nn import PyroSample
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.inducing import InducingPoints
+from pyro_sparsegp.mean_functions import Constant
 
 
 def _kernel():
@@ -61,3 +62,13 @@ def test_orthogonal_inputs_unlike_z_are_refused():
         ps.SOLVEGP(_kernel(), Z, torch.randn(6, 2), ps.Gaussian(0.1))
     with pytest.raises(ValueError, match="shaped like Z"):
         ps.SOLVEGP(_kernel(), Z, torch.randn(2, 6, 1), ps.Gaussian(0.1))
+
+
+def test_the_projection_carries_the_mean_function():
+    """``project(X, u)`` is ``Kfu Kuu^-1 u + m(X)`` (eq. 4 plus the prior mean): a constant mean shifts it by ``c``."""
+    Z, O = _inputs()
+    a = ps.SOLVEGP(_kernel(), Z, O, ps.Gaussian(0.1), name="a")
+    b = ps.SOLVEGP(_kernel(), Z, O, ps.Gaussian(0.1), name="b", mean_function=Constant(value=1.7))
+    X, u = torch.randn(5, 1), torch.randn(4)
+    with torch.no_grad():
+        torch.testing.assert_close(b.project(X, u, consume=False), a.project(X, u, consume=False) + 1.7)

@@ -169,3 +169,17 @@ def test_batched_inputs_predict_what_each_slice_predicts(num_outputs):
         torch.testing.assert_close(var[s], vs)
     mean2, var2 = gp.predict(X[0])
     assert mean2.shape == shape[1:]
+
+
+def test_inducing_sets_per_output_need_as_many_outputs():
+    """``Z`` ``[L, M, D]`` (one set per output) needs ``num_outputs = L``; inducing variables given as an object are
+    checked against the kernel as a tensor ``Z`` is."""
+    Z = _Z().expand(2, 5, 1).clone()
+    with pytest.raises(ValueError, match="one set per output"):
+        ps.SVGP(_kernel(), Z, ps.Gaussian(0.1))
+    with pytest.raises(ValueError, match="one set per output"):
+        ps.SVGP(_kernel(), Z, ps.Gaussian(0.1), num_outputs=3)
+    gp = ps.SVGP(_kernel(), Z, ps.Gaussian(0.1), num_outputs=2)
+    assert gp.predict(torch.randn(3, 1))[0].shape == (3, 2)
+    with pytest.raises(ValueError, match="features"):
+        ps.SVGP(RBF(2), InducingPoints(_Z()), ps.Gaussian(0.1))  # 1 feature, the kernel reads 2
