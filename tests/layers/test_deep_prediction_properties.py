@@ -32,6 +32,7 @@ def test_the_default_mixture_has_100_components_and_chunks_join_along_the_points
     torch.testing.assert_close(var_c[:, :4], var_0)
     single = build_deep_gp(X, [2], ps.Gaussian(0.2), num_inducing=4, hidden_scale=0.5)
     assert single.predict(X, 6, batch_size=4)[0].shape == (6, 9)
+    assert single.predict(X, 6, batch_size=1)[0].shape == (6, 9)  # one point per chunk
 
 
 def test_the_standard_error_matches_a_log_space_computation_and_survives_an_outlier():
