@@ -135,3 +135,15 @@ def test_draws_at_many_close_points_need_no_warning():
     n = f.shape[0]
     assert bool(((f.mean(0) - mean).abs() < 5 * var.sqrt() / n**0.5 + 1e-3).all())
     assert bool(((f.var(0) - var).abs() < 5 * var * (2 / n) ** 0.5 + 1e-3).all())
+
+
+def test_batched_output_covariance_predicts_each_slice_s_y():
+    """``predict(full=True, full_output_cov=True)`` at ``X`` ``[S, N, D]``: ``y*``'s predictive is each slice's."""
+    gp = _gp(3)
+    X = torch.randn(2, 4, 1)
+    pred = gp.predict(X, full=True, full_output_cov=True)[-1]
+    assert pred.batch_shape == (2, 4, 3)
+    for s in range(2):
+        ps_ = gp.predict(X[s], full=True)[-1]
+        torch.testing.assert_close(pred.mean[s], ps_.mean)
+        torch.testing.assert_close(pred.variance[s], ps_.variance)
