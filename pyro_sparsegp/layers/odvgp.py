@@ -98,7 +98,11 @@ class ODVGP(OrthogonalInputs, SVGP):
         Z, O = as_tensor(Z, "Z"), as_tensor(O, "O")
         if Z.dim() != 2:
             raise ValueError(f"ODVGP has a single output: Z must be [M, D], got shape {tuple(Z.shape)}")
-        super().__init__(kernel, Z, likelihood, None, whiten, name, False, jitter, mean_function)
+        if getattr(likelihood, "latent_dim", 1) != 1:
+            raise ValueError(f"ODVGP has a single output, but {type(likelihood).__name__} has K = "
+                             f"{likelihood.latent_dim} latent functions per point: use SVGP or SOLVEGP for it")
+        # integrate_f=True: the bound integrates f in closed form (no f site), so no UntrainableWarning applies
+        super().__init__(kernel, Z, likelihood, None, whiten, name, True, jitter, mean_function)
         check_orthogonal_inputs(O, self.Z)
         if O.dim() != 2 or O.shape[-1] != Z.shape[-1]:
             raise ValueError(f"O must be [M2, {Z.shape[-1]}], got shape {tuple(O.shape)}")

@@ -93,3 +93,57 @@ def test_a_new_layer_starts_at_its_prior(whiten):
     with torch.no_grad():
         kl = gp.strategy.kl()
     assert abs(float(kl)) < 1e-5
+
+
+def test_the_predictive_of_several_outputs_is_laid_out_like_y():
+    """``predict(full=True)`` for ``L`` outputs of an element-wise likelihood: ``y*`` ``[N, L]`` like the targets, with
+    mean ``mean`` and variance ``var + noise`` per entry (the Gaussian predictive, Hensman 2015 section 4)."""
+    gp = _gp(3)
+    X = torch.randn(4, 1)
+    mean, var, pred = gp.predict(X, full=True)
+    assert mean.shape == (4, 3) and pred.batch_shape == (4, 3)
+    torch.testing.assert_close(pred.mean, mean)
+    noise = float(gp.likelihood.noise.detach())
+    torch.testing.assert_close(pred.variance, var + noise)
+
+
+def test_the_full_covariance_of_batched_inputs_is_each_slice_s():
+    """``qf_full`` at ``X`` ``[S, 1, N, D]`` (the outputs' dimension a singleton, as ``predict`` lays it out) is
+    ``qf_full`` of each slice: ``[S, L, N(, N)]``."""
+    gp = _gp(2, whiten=False)
+    X = torch.randn(3, 4, 1)
+    mean, cov = gp.qf_full(X.unsqueeze(-3))
+    assert mean.shape == (3, 2, 4) and cov.shape == (3, 2, 4, 4)
+    for s in range(3):
+        ms, cs = gp.qf_full(X[s])
+        torch.testing.assert_close(mean[s].detach(), ms.detach())
+        torch.testing.assert_close(cov[s].detach(), cs.detach())
+
+
+def test_draws_at_many_close_points_need_no_warning():
+    """Joint draws at 300 points within two lengthscales (``Kff - Qff`` numerically singular: with ``jitter=0`` the
+    factorisation has to raise the jitter) warn about nothing, and their marginals match ``predict``'s within Monte
+    Carlo error."""
+    gp = ps.SVGP(RBF(1, lengthscale=torch.tensor(0.7)), torch.linspace(-2, 2, 5).unsqueeze(-1), ps.Gaussian(0.1),
+                 jitter=0)
+    X = torch.linspace(-1, 1, 300).unsqueeze(-1)
+    torch.manual_seed(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f = gp.sample_posterior(X, num_samples=4000)
+    mean, var = gp.predict(X)
+    n = f.shape[0]
+    assert bool(((f.mean(0) - mean).abs() < 5 * var.sqrt() / n**0.5 + 1e-3).all())
+    assert bool(((f.var(0) - var).abs() < 5 * var * (2 / n) ** 0.5 + 1e-3).all())
+
+
+def test_batched_output_covariance_predicts_each_slice_s_y():
+    """``predict(full=True, full_output_cov=True)`` at ``X`` ``[S, N, D]``: ``y*``'s predictive is each slice's."""
+    gp = _gp(3)
+    X = torch.randn(2, 4, 1)
+    pred = gp.predict(X, full=True, full_output_cov=True)[-1]
+    assert pred.batch_shape == (2, 4, 3)
+    for s in range(2):
+        ps_ = gp.predict(X[s], full=True)[-1]
+        torch.testing.assert_close(pred.mean[s], ps_.mean)
+        torch.testing.assert_close(pred.variance[s], ps_.variance)

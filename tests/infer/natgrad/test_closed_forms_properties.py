@@ -81,3 +81,19 @@ def test_gaussian_step_defaults_to_the_full_step_and_each_likelihood_gets_its_st
     assert natgrad_step_for(ps.PolyaGammaLogit()) is polya_gamma_natgrad_step
     assert natgrad_step_for(ps.Bernoulli()) is natgrad_step
     assert natgrad_step_for(ps.Poisson()) is natgrad_step
+
+
+@pytest.mark.parametrize("step, lik", [(polya_gamma_natgrad_step, ps.PolyaGammaLogit), (gaussian_natgrad_step,
+                                                                                         ps.Gaussian)],
+                         ids=["polya_gamma", "gaussian"])
+def test_integer_and_boolean_labels_step_as_floats_do(step, lik):
+    """Labels given as ``bool`` or ``int64`` are the same data as the floats ``0.0``/``1.0``: the same step."""
+    X = torch.linspace(-2.5, 2.5, 8).unsqueeze(-1)
+    y = torch.rand(8) > 0.5
+    ref = _gp(lik(), whiten=False)
+    step(ref, X, y.to(X.dtype), lr=0.5)
+    for labels in (y, y.long()):
+        gp = _gp(lik(), whiten=False)
+        step(gp, X, labels, lr=0.5)
+        torch.testing.assert_close(gp.q_u.u_loc, ref.q_u.u_loc)
+        torch.testing.assert_close(gp.q_u.u_scale_tril, ref.q_u.u_scale_tril)
