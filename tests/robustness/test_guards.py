@@ -26,6 +26,7 @@ TESTED = {
     "StudentT": "likelihoods/test_continuous_likelihoods.py", "Gamma": "likelihoods/test_continuous_likelihoods.py",
     "Beta": "likelihoods/test_continuous_likelihoods.py",
     "HeteroscedasticGaussian": "likelihoods/test_heteroscedastic.py",
+    "HeteroscedasticNegativeBinomial": "likelihoods/test_heteroscedastic_counts.py",
 }
 
 
