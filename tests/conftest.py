@@ -64,3 +64,15 @@ def registry():
         live.clear()
         live.update(old)
     dispatch._CACHE.clear()
+
+
+@pytest.fixture
+def differences(monkeypatch):
+    """Counts the evaluations of ``kernels.batched._sqdist_by_differences`` (the exact squared distances from the
+    differences) made while a test runs: a list with one entry per call."""
+    from pyro_sparsegp.kernels import batched
+
+    calls = []
+    real = batched._sqdist_by_differences
+    monkeypatch.setattr(batched, "_sqdist_by_differences", lambda *args: calls.append(1) or real(*args))
+    return calls

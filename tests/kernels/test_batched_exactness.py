@@ -80,14 +80,6 @@ def test_empty_inputs_give_empty_matrices(name):
     assert kernel_matrix(k, torch.randn(0, 2)).shape == (0, 0)
 
 
-@pytest.fixture
-def differences(monkeypatch):
-    """Counts the evaluations that take the exact differences."""
-    calls = []
-    real = kern._sqdist_by_differences
-    monkeypatch.setattr(kern, "_sqdist_by_differences", lambda *a: calls.append(1) or real(*a))
-    return calls
-
 
 def _bound_case(dtype, ratio):
     """1-D inputs, already centred (the rows of X have mean 0), unit lengthscale, whose product-form error bound

@@ -142,14 +142,6 @@ def test_deferred_exactness_test_is_a_device_flag_not_a_read(monkeypatch):
     assert checks.flags[checks.INEXACT] == 1
 
 
-@pytest.fixture
-def differences(monkeypatch):
-    """Counts the evaluations that take the exact differences."""
-    calls = []
-    real = kern._sqdist_by_differences
-    monkeypatch.setattr(kern, "_sqdist_by_differences", lambda *a: calls.append(1) or real(*a))
-    return calls
-
 
 # -- feature selection, hyperparameter layouts, the generic fallback, errors ------------------------------------------
 

@@ -11,7 +11,6 @@ import torch
 from pyro.contrib.gp.kernels import RBF, Matern32, Matern52
 from pyro.nn import PyroSample
 
-import pyro_sparsegp.kernels.batched as kern
 import pyro_sparsegp.kernels.matvec as mv
 from pyro_sparsegp.kernels import kernel_matrix, kernel_matvec
 
@@ -40,14 +39,6 @@ def blocked(monkeypatch):
     monkeypatch.setattr(mv._StationaryMatvec, "apply", lambda *args: calls.append(1) or real(*args))
     return calls
 
-
-@pytest.fixture
-def differences(monkeypatch):
-    """Counts ``kernel_matrix``'s evaluations from the exact differences."""
-    calls = []
-    real = kern._sqdist_by_differences
-    monkeypatch.setattr(kern, "_sqdist_by_differences", lambda *args: calls.append(1) or real(*args))
-    return calls
 
 
 def test_blocks_fit_the_documented_memory():
