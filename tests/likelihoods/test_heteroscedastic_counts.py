@@ -4,9 +4,15 @@ measured errors), its predictive against Monte Carlo draws of f and y, bad input
 that grows with x where a constant-dispersion negative binomial cannot."""
 
 import numpy as np
+import pyro
+import pyro.distributions as dist
 import pytest
 import torch
+from pyro import poutine
 from pyro.contrib.gp.kernels import RBF
+from pyro.infer import SVI, Trace_ELBO
+from pyro.infer.autoguide import AutoGuideList, AutoNormal
+from pyro.nn import PyroSample
 from scipy.stats import nbinom
 
 import pyro_sparsegp as ps
@@ -112,3 +118,33 @@ def test_fit_finds_a_dispersion_that_grows_with_x():
         mean, _ = het.predict(torch.tensor([[-0.8], [0.8]]))
     assert mean[1, 1] - mean[0, 1] > 1.0  # truth: 2.8 (measured 1.6-2.2); a constant dispersion: 0
     assert nlpd["het"] < nlpd["hom"] - 0.02
+
+
+def test_a_users_program_with_a_hyperprior_autoguide_and_particles_trains_everything():
+    """The program a Pyro user writes around the layer: a ``PyroSample`` lengthscale fitted by an ``AutoNormal``
+    beside the layer's guide, vectorised particles, minibatches, plain ``SVI``. ``check_model`` finds no site counted
+    twice (the two latents' ``[P, 2, B]`` against the site's ``[P, 1, B]``), and every parameter trains, the two
+    latents' prior means included."""
+    torch.manual_seed(0)
+    X = torch.linspace(-1, 1, 120).unsqueeze(-1)
+    f = torch.stack([1.5 + 0.5 * torch.sin(3 * X[:, 0]), X[:, 0] - 0.5])
+    y = torch.poisson(torch.distributions.Gamma((f[0] - f[1]).exp(), (-f[1]).exp()).sample())
+    kernel = RBF(1)
+    kernel.lengthscale = PyroSample(dist.LogNormal(0.0, 0.5))
+    gp = ps.SVGP(kernel, X[::12].clone(), ps.HeteroscedasticNegativeBinomial("NB1"),
+                 mean_function=Constant(2, torch.tensor([1.0, 0.0])), name="hnb")
+    guide = AutoGuideList(gp.model, create_plates=gp.create_plates)
+    guide.append(AutoNormal(poutine.block(gp.model, expose=["hnb.kernel.lengthscale"])))
+    guide.append(gp.guide)
+    elbo = Trace_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=2)
+    ps.check_model(gp.model, guide, X, y, elbo=elbo, subsample_size=40)
+    svi = SVI(gp.model, guide, pyro.optim.Adam({"lr": 0.03}), elbo)
+    svi.step(X, y, subsample_size=40)
+    params = {**dict(guide.named_parameters()), **{k: v for k, v in gp.named_parameters()
+                                                     if not k.endswith("_map_unconstrained")}}
+    before = {k: v.detach().clone() for k, v in params.items()}
+    assert any("lengthscale" in k for k in before) and any("mean_function" in k for k in before), sorted(before)
+    losses = [svi.step(X, y, subsample_size=40) for _ in range(100)]
+    for k, v in params.items():
+        assert not torch.equal(v.detach(), before[k]), f"{k} never trained"
+    assert sum(losses[-20:]) < sum(losses[:20])
