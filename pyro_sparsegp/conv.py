@@ -60,7 +60,7 @@ def _reinit(gp, before, X, shape, patch, stride, M, solve, per_centre):
             Luu, Lc, _ = gp.strategy.joint_factors()
             gp.q_v.set(torch.zeros_like(gp.q_v.u_loc), Lc.expand_as(gp.q_v.u_scale_tril))
         else:
-            Luu = cholesky(cov.Kuu(gp.inducing, gp.kernel))
+            Luu = cholesky(cov.Kuu(gp.inducing, gp.kernel), symmetrize=True)
         gp.q_u.set(torch.zeros_like(gp.q_u.u_loc), Luu.expand_as(gp.q_u.u_scale_tril))
 
 

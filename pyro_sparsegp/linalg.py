@@ -33,19 +33,8 @@ from . import deferred
 from ._matrix_checks import _check_factorisable
 from .reporting import warn as _reporting_warn
 
-__all__ = [
-    "CholeskyJitterWarning",
-    "IllConditionedWarning",
-    "reset_warnings",
-    "cholesky",
-    "default_jitter",
-    "gauss_hermite",
-    "solve_lower",
-    "add_diag",
-    "project_chol",
-    "whitened_marginals",
-    "gram",
-]
+__all__ = ["CholeskyJitterWarning", "IllConditionedWarning", "reset_warnings", "cholesky", "default_jitter",
+           "gauss_hermite", "solve_lower", "add_diag", "project_chol", "whitened_marginals", "gram"]
 
 
 class CholeskyJitterWarning(UserWarning):
@@ -67,9 +56,9 @@ def reset_warnings() -> None:
         hook()
 
 
-def _warn_once(cause, message, category, stacklevel=None, layer=None):
+def _warn_once(cause, message, category, layer=None):
     """Warn once per ``cause`` through :func:`pyro_sparsegp.reporting.warn` (the layer and the step appended, the
-    user's line pointed at; ``stacklevel`` is ignored: kept for callers that still pass it)."""
+    user's line pointed at)."""
     if cause not in _REPORTED:
         _REPORTED.add(cause)
         _reporting_warn(message, category, layer=layer)
@@ -104,7 +93,6 @@ def _check_conditioning(A, L, eps, scale, advice):
         f"cholesky: a {M} x {M} matrix is numerically singular: {count} of its {M} pivots come from the jitter "
         f"(relative {eps:.1e}), not from the matrix. {advice}",
         IllConditionedWarning,
-        stacklevel=4,
     )
 
 
@@ -129,6 +117,7 @@ def cholesky(
     max_tries: int = 6,
     warn_singular: bool | str = True,
     warn_jitter: bool = True,
+    symmetrize: bool = False,
 ) -> torch.Tensor:
     """Lower Cholesky factor of a batch of symmetric positive-definite matrices with jitter escalation.
 
@@ -143,6 +132,9 @@ def cholesky(
         and the full posterior covariance of many test points, low-rank by nature.
     :param warn_jitter: emit :class:`CholeskyJitterWarning` when the jitter had to be raised; ``False`` where that
         is expected and harmless (the posterior covariance of many test points in float32).
+    :param symmetrize: ``True`` for a matrix the package built, symmetric up to round-off (every call inside it):
+        ``0.5 (A + A^T)`` is factorised unchecked, since round-off can pass the check's tolerance (float32 SOLVE-GP
+        with ``O = Z``: ``Cvv`` is near zero). ``False`` (default; a user's matrix): the symmetry check runs.
     :returns: ``L`` ``[..., M, M]`` with ``L @ L.mT = A + jitter * mean(diag A) * I``.
     :raises torch.linalg.LinAlgError: if the matrix is not positive definite even with the largest jitter.
     :raises ValueError: if ``A`` is not ``[..., M, M]`` or not symmetric (``sqrt(eps)``; ``_matrix_checks``).
@@ -152,7 +144,10 @@ def cholesky(
     :func:`~pyro_sparsegp.deferred.deferred_checks` (``fit`` on a GPU) it factorises once with the run's jitter and
     flags a failure on the device; ``fit`` escalates at its next sync point (:mod:`pyro_sparsegp.deferred`).
     """
-    if (checks := deferred.active()) is None:  # shape, symmetry (_matrix_checks); fit's deferred steps read nothing
+    checks = deferred.active()  # None outside fit's deferred steps (which read nothing back)
+    if symmetrize:  # built by the package: symmetric up to round-off, which the check's tolerance may not cover
+        A = 0.5 * (A + A.mT)
+    elif checks is None:  # shape, symmetry (_matrix_checks)
         _check_factorisable(A)
     if jitter is None:
         jitter = default_jitter(A.dtype)

@@ -84,10 +84,10 @@ def prior_factors(Kuu, Kuv, Kvv, jitter=None):
 
     :returns: ``Luu [..., M, M]``, ``A [..., M, M2]``, ``Lcc [..., M2, M2]``.
     """
-    Luu = cholesky(Kuu, jitter)  # [..., M, M]       Cholesky O(M^3)
+    Luu = cholesky(Kuu, jitter, symmetrize=True)  # [..., M, M]       Cholesky O(M^3)
     A = solve_lower(Luu, Kuv)  # [..., M, M2]         trisolve O(M^2 M2)
     Cvv = Kvv - A.mT @ A  # [..., M2, M2]            matmul O(M M2^2)
-    Lcc = cholesky(Cvv, jitter)  # [..., M2, M2]     Cholesky O(M2^3)
+    Lcc = cholesky(Cvv, jitter, symmetrize=True)  # [..., M2, M2]     Cholesky O(M2^3)
     return Luu, A, Lcc
 
 
@@ -252,7 +252,7 @@ def _log_normal_lowrank(r, s, B, jitter=None):
     N, M = r.shape[-1], B.shape[-2]
     s1, s2 = s[..., None], s[..., None, None]
     eye = torch.eye(M, dtype=B.dtype, device=B.device)
-    LB = cholesky(eye + (B @ B.mT) / s2, jitter)  # [..., M, M]
+    LB = cholesky(eye + (B @ B.mT) / s2, jitter, symmetrize=True)  # [..., M, M]
     c = solve_lower(LB, _matvec(B, r).unsqueeze(-1)).squeeze(-1) / s1  # [..., M]   LB^{-1} B r / s
     quad = r.pow(2).sum(-1) / s - c.pow(2).sum(-1)  # r^T (B^T B + s I)^{-1} r
     logdet = N * s.log() + 2 * LB.diagonal(dim1=-2, dim2=-1).log().sum(-1)
@@ -328,15 +328,15 @@ def solvegp_optimal_q_v(y, noise_var, Kuu, Kuv, Kvv, Kuf, Kvf, whiten=False, jit
     # A^{-1} X = (X - R^T R X) / s with R = chol(s I + B B^T)^{-1} B, for X = [D^T, y]
     batch = torch.broadcast_shapes(B.shape[:-2], D.shape[:-2], y.shape[:-1], s.shape)
     X = torch.cat([D.mT.expand(batch + (N, M2)), y.expand(batch + (N,)).unsqueeze(-1)], -1)  # [..., N, M2 + 1]
-    Lm = cholesky(s[..., None, None] * eye_m + B @ B.mT, jitter)  # [..., M, M]
+    Lm = cholesky(s[..., None, None] * eye_m + B @ B.mT, jitter, symmetrize=True)  # [..., M, M]
     R = solve_lower(Lm, B)  # [..., M, N]
     AinvX = (X - R.mT @ (R @ X)) / s[..., None, None]  # [..., N, M2 + 1]
     DAX = D @ AinvX  # [..., M2, M2 + 1]   [D A^{-1} D^T, D A^{-1} y]
-    Lp = cholesky(eye_m2 + DAX[..., :M2], jitter)  # [..., M2, M2]
+    Lp = cholesky(eye_m2 + DAX[..., :M2], jitter, symmetrize=True)  # [..., M2, M2]
     m_w = torch.cholesky_solve(DAX[..., M2:], Lp).squeeze(-1)  # [..., M2]
-    Ls = cholesky(eye_m2 + D @ D.mT / s[..., None, None], jitter)  # [..., M2, M2]  precision of q*(v⊥')
+    Ls = cholesky(eye_m2 + D @ D.mT / s[..., None, None], jitter, symmetrize=True)  # [..., M2, M2] prec. of q*(v⊥')
     S_w = torch.cholesky_inverse(Ls)
-    L_w = cholesky(0.5 * (S_w + S_w.mT), jitter)  # [..., M2, M2]
+    L_w = cholesky(S_w, jitter, symmetrize=True)  # [..., M2, M2]
     if whiten:
         return m_w, L_w
     return _matvec(Lcc, m_w), Lcc @ L_w
@@ -358,10 +358,11 @@ def solvegp_tight_bound(y, noise_var, Kuu, Kuf, Kff, jitter=None):
     """
     s = _noise(noise_var, Kuf)
     M = Kuu.shape[-1]
-    Luu = cholesky(Kuu, jitter)
+    Luu = cholesky(Kuu, jitter, symmetrize=True)
     B = solve_lower(Luu, Kuf)  # [..., M, N]
     C = Kff - B.mT @ B  # [..., N, N]   Kff - Qff
-    Lm = cholesky(s[..., None, None] * torch.eye(M, dtype=B.dtype, device=B.device) + B @ B.mT, jitter)  # [..., M, M]
+    eye_m = torch.eye(M, dtype=B.dtype, device=B.device)
+    Lm = cholesky(s[..., None, None] * eye_m + B @ B.mT, jitter, symmetrize=True)  # [..., M, M]
     R = solve_lower(Lm, B)  # [..., M, N]
     tr = (C.diagonal(dim1=-2, dim2=-1).sum(-1) - (R * (R @ C)).sum((-2, -1))) / s
     return _log_normal_lowrank(y, s, B, jitter) - 0.5 * tr
@@ -383,7 +384,7 @@ def structured_svgp_params(Kuu, Kuv, m_u, L_u, m_v, L_v, return_scale_tril=False
     ``return_scale_tril``: the factor :math:`[[L_u, 0], [K_{vu}K_{uu}^{-1}L_u, L_v]]` of :math:`S_{u,v}` instead.
     :returns: ``(m_uv [..., M + M2], S_uv or L_uv [..., M + M2, M + M2])``.
     """
-    Luu = cholesky(Kuu, jitter)
+    Luu = cholesky(Kuu, jitter, symmetrize=True)
     P = solve_lower(Luu, solve_lower(Luu, Kuv), transpose=True).mT  # [..., M2, M]   Kvu Kuu^{-1}
     mv = m_v + (P @ m_u.unsqueeze(-1)).squeeze(-1)  # [..., M2]
     mb = torch.broadcast_shapes(m_u.shape[:-1], mv.shape[:-1])

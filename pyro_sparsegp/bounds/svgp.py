@@ -36,7 +36,7 @@ def gauss_kl(m: torch.Tensor, L: torch.Tensor, Kuu: torch.Tensor | None = None) 
     logdet_S = 2 * L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
     if Kuu is None:
         return 0.5 * (L.pow(2).sum((-2, -1)) + m.pow(2).sum(-1) - M - logdet_S)
-    Lk = cholesky(Kuu)
+    Lk = cholesky(Kuu, symmetrize=True)
     A = solve_lower(Lk, L)  # Lk^{-1} L
     a = solve_lower(Lk, m.unsqueeze(-1)).squeeze(-1)
     logdet_K = 2 * Lk.diagonal(dim1=-2, dim2=-1).log().sum(-1)
@@ -70,7 +70,7 @@ def titsias_bound(y, noise_var, Kuu, Kuf, kff_diag) -> torch.Tensor:
     """
     N = y.shape[-1]
     M = Kuu.shape[-1]
-    Luu = cholesky(Kuu)
+    Luu = cholesky(Kuu, symmetrize=True)
     W = solve_lower(Luu, Kuf)  # [M, N]
     s = noise_var if torch.is_tensor(noise_var) else torch.tensor(noise_var, dtype=Kuu.dtype)
     Bm = torch.eye(M, dtype=Kuu.dtype, device=Kuu.device) + (W @ W.mT) / s[..., None, None]
@@ -123,7 +123,7 @@ def kl_sparse_bound(y, expected_log_prob, Kuu, Kuf, kff_diag, m, L, whiten: bool
     With ``whiten=True``, ``(m, L)`` parameterise q(v) for ``u = Luu v`` and the prior is ``N(0, I)``.
     """
     if whiten:
-        Luu = cholesky(Kuu)
+        Luu = cholesky(Kuu, symmetrize=True)
         m_u = (Luu @ m.unsqueeze(-1)).squeeze(-1)
         L_u = Luu @ L
         mu, var = qf_dense(Kuu, Kuf, kff_diag, m_u, L_u)

@@ -93,7 +93,7 @@ class Prediction:
         X, _ = self.check_inputs(X, None)
         mean, cov = self._latent_full(X)
         # low-rank by nature: a raised jitter only adds a little independent noise to the draws
-        L = cholesky(0.5 * (cov + cov.mT), self.jitter, warn_singular=False, warn_jitter=False)
+        L = cholesky(cov, self.jitter, warn_singular=False, warn_jitter=False, symmetrize=True)
         eps = torch.randn((num_samples,) + mean.shape, dtype=mean.dtype, device=mean.device)
         f = self.strategy.mix_sample(mean + (L @ eps.unsqueeze(-1)).squeeze(-1)) + self._mean(X)
         return f.movedim(-2, -1) if self.num_outputs is not None else f

@@ -98,7 +98,8 @@ class SVGP(Outputs, LayerData, Prediction, KeepsOwnName, PyroModule):
         scale_tril = None
         if not whiten and not sampled_attributes(kernel, names=False):  # start at q(u) = p(u) (unless theta is sampled)
             with torch.no_grad():
-                scale_tril = cholesky(cov.Kuu(inducing, kernel), jitter, warn_singular=KUU_ADVICE)  # the bound's advice
+                # the bound's advice
+                scale_tril = cholesky(cov.Kuu(inducing, kernel), jitter, warn_singular=KUU_ADVICE, symmetrize=True)
         self.q_u = GaussianQ(inducing.num_inducing, self.num_latent_gps, scale_tril)
         self.W = mixing_matrix(W, num_outputs, num_latents, inducing)  # None without num_latents
         self.strategy = (Strategy if num_latents is None else LMCStrategy)(self)

@@ -104,7 +104,7 @@ def from_natural(theta1: torch.Tensor, theta2: torch.Tensor) -> tuple[torch.Tens
     ``m = S theta1``. ``theta1 [..., M]``, ``theta2 [..., M, M]``; returns ``(m [..., M], chol(S) [..., M, M])``."""
     prec = -2.0 * theta2
     prec = 0.5 * (prec + prec.mT)
-    Lp = cholesky(prec)
+    Lp = cholesky(prec, symmetrize=True)
     S = torch.cholesky_inverse(Lp)
     m = torch.cholesky_solve(theta1.unsqueeze(-1), Lp).squeeze(-1)
-    return m, cholesky(0.5 * (S + S.mT))
+    return m, cholesky(S, symmetrize=True)

@@ -60,7 +60,8 @@ class OrthogonalStrategy(Strategy):
         layer = self.layer
         k, u, v = layer.kernel, layer.inducing, layer.orthogonal
         Kuu = cov.Kuu(u, k)
-        Luu = cholesky(Kuu, layer.jitter, warn_singular=not layer.whiten and KUU_ADVICE)  # [(L,) M, M]
+        Luu = cholesky(Kuu, layer.jitter, warn_singular=not layer.whiten and KUU_ADVICE,
+                       symmetrize=True)  # [(L,) M, M]
         Kuv = cov.Kuu(u, k, v)
         if Xk is None:
             (A,) = project_chol(Kuu, Luu, Kuv)
@@ -68,7 +69,7 @@ class OrthogonalStrategy(Strategy):
             A, B = project_chol(Kuu, Luu, Kuv, cov.Kuf(u, k, Xk))  # [(L,) M, M2], [..., (L,) M, B]
         Cvv = cov.Kuu(v, k) - gram(A)
         # [(L,) M2, M2]; the factorisation reads the lower triangle only
-        Lc = cholesky(Cvv, layer.jitter, warn_singular=not layer.whiten and CVV_ADVICE)
+        Lc = cholesky(Cvv, layer.jitter, warn_singular=not layer.whiten and CVV_ADVICE, symmetrize=True)
         if Xk is None:
             return Luu, Lc, A
         (D,) = project_chol(Cvv, Lc, cov.Kuf(v, k, Xk) - A.mT @ B)  # [..., (L,) M2, B]

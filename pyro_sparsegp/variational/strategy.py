@@ -127,7 +127,8 @@ class Strategy:
 
         def compute():
             Kuu = cov.Kuu(layer.inducing, layer.kernel)
-            return Kuu, cholesky(Kuu, layer.jitter, warn_singular=not layer.whiten and KUU_ADVICE)
+            return Kuu, cholesky(Kuu, layer.jitter, warn_singular=not layer.whiten and KUU_ADVICE,
+                                 symmetrize=True)
 
         return self.cache.once(("luu", self.key()), consume, compute, reset=True, leave=leave)
 

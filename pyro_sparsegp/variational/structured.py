@@ -33,7 +33,7 @@ def structured_svgp_params(Kuu, Kuv, m_u, L_u, m_v, L_v, return_scale_tril=False
         :math:`S_{u,v}` (lower-triangular because the map :math:`(u, v_\perp) \mapsto (u, v)` is).
     :returns: ``(m_uv [..., M + M2], S_uv or L_uv [..., M + M2, M + M2])``.
     """
-    Luu = cholesky(Kuu, jitter)
+    Luu = cholesky(Kuu, jitter, symmetrize=True)
     P = solve_lower(Luu, solve_lower(Luu, Kuv), transpose=True).mT  # [..., M2, M]   Kvu Kuu^{-1}
     M, M2 = L_u.shape[-1], L_v.shape[-1]
     mv = m_v + _matvec(P, m_u)  # [..., M2]

@@ -1,6 +1,7 @@
 """float32 works: the same model in float32 and float64 gives the same bound and predictions to float32 accuracy,
 and trains with finite losses (the whole suite also runs with PYRO_SPARSEGP_DTYPE=float32)."""
 
+import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
 
@@ -52,3 +53,34 @@ def test_float32_training_stays_finite():
     mean, _ = gp.predict(X)
     assert mean.dtype == torch.float32
     assert (mean - torch.sin(2 * X[:, 0])).pow(2).mean().sqrt() < 0.15
+
+
+def test_float32_solvegp_with_orthogonal_inputs_equal_to_the_inducing_inputs():
+    """SOLVE-GP with ``O = Z`` in float32 (issue 52): ``Cvv = Kvv - Kvu Kuu^-1 Kuv`` is round-off, whose asymmetry is a
+    large fraction of its diagonal; the package symmetrises the matrices it builds, so the model runs and, with
+    ``v⊥`` carrying no variance, its bound is the SVGP's over ``Z`` (q(v⊥) at its prior start: a zero KL)."""
+    torch.set_default_dtype(torch.float32)
+    X, y, _ = _build(torch.float32)
+    Z = X[:10].clone()
+    make = lambda: RBF(2, lengthscale=torch.ones(2), variance=torch.tensor(1.0))  # noqa: E731
+    solve = ps.SOLVEGP(make(), Z.clone(), Z.clone(), ps.Gaussian(torch.tensor(0.1)))
+    svgp = ps.SVGP(make(), Z.clone(), ps.Gaussian(torch.tensor(0.1)))
+    with torch.no_grad():
+        for gp in (solve, svgp):
+            gp.q_u.set(torch.linspace(-1, 1, 10), 0.5 * torch.eye(10))
+        bound_solve, bound_svgp = solve.analytic_elbo(X, y).item(), svgp.analytic_elbo(X, y).item()
+    assert abs(bound_solve - bound_svgp) < 1e-3 * abs(bound_svgp)
+    state = fit(solve, X, y, num_steps=30, batch_size=64, progress=False)
+    assert all(torch.isfinite(torch.tensor(state.losses)))
+    mean, var = solve.predict(X[:20])
+    assert mean.dtype == torch.float32 and bool(torch.isfinite(mean).all() and (var > 0).all())
+
+
+def test_a_users_matrix_is_still_checked_for_symmetry_in_float32():
+    """The symmetry check stays for matrices a user passes to ``ps.linalg.cholesky``."""
+    A = torch.eye(4, dtype=torch.float32)
+    A[0, 3] = 0.5
+    with pytest.raises(ValueError, match="not symmetric"):
+        ps.linalg.cholesky(A)
+    L = ps.linalg.cholesky(A, symmetrize=True)  # what the package does with the matrices it builds
+    torch.testing.assert_close(L @ L.mT, 0.5 * (A + A.mT), atol=1e-5, rtol=0)

@@ -135,7 +135,8 @@ def _surrogate(L, W, d, L0, Lq, mu, Lam, eta, sides, y, own, scale):
     all sites (whitened at ``L0``); ``sides``: ``None`` (SEP: the cavity is ``(Lq, mu)`` itself) or the frozen
     ``(Wold, C1y, C2y, C1c, C2c)`` of EP (``Wold`` ``[K, M, B]``: the sites' directions whitened at ``L0``)."""
     R = torch.linalg.solve_triangular(L0, L, upper=False)  # live, the identity at the current value
-    Lb = cholesky(torch.eye(L.shape[-1], dtype=L.dtype, device=L.device) + R.mT @ Lam @ R)
+    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device)
+    Lb = cholesky(eye + R.mT @ Lam @ R, symmetrize=True)
     prior = _log_norm(Lb, (R.mT @ eta.unsqueeze(-1)).squeeze(-1)).sum()
     T = torch.linalg.solve_triangular(R.mT, W, upper=True)  # L0^T upsilon(xi)
     tv, tm, Vt = _proj(Lq, mu, T)

@@ -206,7 +206,7 @@ def _prior_term(W, d, T, Nu):
     differentiable in ``(W, d)`` with the sites ``(T, Nu)`` ``[K, N]`` as given (module docstring)."""
     Lam, eta, den = _u_sites(W, d, T, Nu)
     eye = torch.eye(W.shape[-2], dtype=W.dtype, device=W.device)
-    Lb = cholesky(eye + 0.5 * (Lam + Lam.mT))
+    Lb = cholesky(eye + Lam, symmetrize=True)
     diag = -0.5 * den.log() + 0.5 * d * Nu.pow(2) / den
     return _log_norm(Lb, eta).sum() + diag.sum()
 

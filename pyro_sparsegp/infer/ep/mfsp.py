@@ -50,10 +50,11 @@ def _check(module, X, y):
 
 def _pieces(module, X):
     Kmm = cov.Kuu(module.inducing, module.kernel)  # the pair's covariances: inducing points or patches alike
-    L = cholesky(Kmm, module.jitter, warn_singular=KUU_INVERSE_ADVICE)
+    L = cholesky(Kmm, module.jitter, warn_singular=KUU_INVERSE_ADVICE, symmetrize=True)
     (W,) = project_chol(Kmm, L, cov.Kuf(module.inducing, module.kernel, X))  # [M, N]
     eye = torch.eye(W.shape[0], dtype=W.dtype, device=W.device)
-    Lb = cholesky(eye + W @ W.mT)  # B = I + W W^T: |Q + I| = |B|, (Q + I)^{-1} = I - W^T B^{-1} W
+    # B = I + W W^T: |Q + I| = |B|, (Q + I)^{-1} = I - W^T B^{-1} W
+    Lb = cholesky(eye + W @ W.mT, symmetrize=True)
     return L, W, Lb, cov.Kdiag(module.kernel, X)
 
 
@@ -109,7 +110,7 @@ def _write_q(module, X, y, a):
     eye = torch.eye(Lb.shape[0], dtype=Lb.dtype, device=Lb.device)
     Lbi = torch.linalg.solve_triangular(Lb, eye, upper=False)
     S_v = Lbi.mT @ Lbi  # B^{-1}
-    St = cholesky(0.5 * (S_v + S_v.mT))
+    St = cholesky(S_v, symmetrize=True)
     if module.whiten:
         module.q_u.set(mean_v, St)
     else:

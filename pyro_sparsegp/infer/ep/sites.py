@@ -38,7 +38,7 @@ def _fitc_stats(module, X):
     convolutional kernel work as inducing points do."""
     K = module.num_outputs
     Kuu = cov.Kuu(module.inducing, module.kernel)  # [M, M] shared or [K, M, M] per class
-    L = cholesky(Kuu, module.jitter, warn_singular=KUU_INVERSE_ADVICE)
+    L = cholesky(Kuu, module.jitter, warn_singular=KUU_INVERSE_ADVICE, symmetrize=True)
     (W,) = project_chol(Kuu, L, cov.Kuf(module.inducing, module.kernel, X.unsqueeze(-3)))  # [1|K, M, N]
     M, N = W.shape[-2:]
     L, W = L.expand(K, M, M), W.expand(K, M, N)
@@ -49,7 +49,7 @@ def _fitc_stats(module, X):
 def _gauss(Lam, eta):
     """Whitened posterior with precision ``I + Lam`` and natural mean ``eta``: ``(chol(I + Lam), mean)``."""
     eye = torch.eye(Lam.shape[-1], dtype=Lam.dtype, device=Lam.device)
-    Lb = cholesky(eye + 0.5 * (Lam + Lam.mT))
+    Lb = cholesky(eye + Lam, symmetrize=True)
     mu = torch.cholesky_solve(eta.unsqueeze(-1), Lb).squeeze(-1)
     return Lb, mu
 
@@ -175,7 +175,7 @@ def _write_q(module, L, Lam, eta):
     eye = torch.eye(Lq.shape[-1], dtype=Lq.dtype, device=Lq.device)
     S_tril = torch.linalg.solve_triangular(Lq.mT, eye.expand_as(Lq), upper=True)  # Lq^{-T}: S = Lq^{-T} Lq^{-1}
     S = S_tril @ S_tril.mT
-    St = cholesky(0.5 * (S + S.mT))
+    St = cholesky(S, symmetrize=True)
     if module.whiten:
         module.q_u.set(mu, St)
     else:
