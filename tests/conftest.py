@@ -19,6 +19,10 @@ import pyro
 import pytest
 import torch
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one pytest-xdist worker per core (addopts): one thread each, its
+    torch.set_num_threads(1)  # subprocesses (notebook kernels, torchrun ranks) too, or the workers oversubscribe
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+
 DTYPE = getattr(torch, os.environ.get("PYRO_SPARSEGP_DTYPE", "float64"))
 DEVICE = os.environ.get("PYRO_SPARSEGP_DEVICE") or None
 if DEVICE is not None:
