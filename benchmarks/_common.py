@@ -121,43 +121,6 @@ def lbfgs_fit(gp, X, y, params, iters: int) -> None:
     opt.step(closure)
 
 
-def gpytorch_svgp(Z, strategy=None, mean_inducing=None, distribution=None):
-    """GPyTorch's SVGP (zero mean, ScaleKernel(RBF with ARD)) with ``strategy`` (default VariationalStrategy) and
-    variational ``distribution`` (default CholeskyVariationalDistribution); with ``mean_inducing`` points, the
-    OrthogonallyDecoupledVariationalStrategy around it."""
-    import gpytorch
-
-    class Model(gpytorch.models.ApproximateGP):
-        def __init__(self):
-            q = (distribution or gpytorch.variational.CholeskyVariationalDistribution)(Z.shape[0])
-            s = (strategy or gpytorch.variational.VariationalStrategy)(self, Z, q, learn_inducing_locations=True)
-            if mean_inducing is not None:
-                s = gpytorch.variational.OrthogonallyDecoupledVariationalStrategy(
-                    s, mean_inducing, gpytorch.variational.DeltaVariationalDistribution(mean_inducing.shape[0]))
-            super().__init__(s)
-            self.mean_module = gpytorch.means.ZeroMean()
-            self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=Z.shape[-1]))
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-    return Model()
-
-
-def gpytorch_ngd(Z, likelihood, num_data: int, lr: float = 0.01, ngd_lr: float = 0.1):
-    """GPyTorch's natural-gradient SVGP recipe (the docs example "Natural Gradient Descent with Variational
-    Models"): :func:`gpytorch_svgp` with a ``NaturalVariationalDistribution`` in the ``VariationalStrategy``,
-    ``gpytorch.optim.NGD(model.variational_parameters(), num_data, lr=ngd_lr)`` on q(u) and Adam (``lr``) on the
-    hyperparameters and the likelihood. Returns ``(model, [ngd, adam])``; a training step zeroes both, backpropagates
-    the negative ``VariationalELBO`` and steps both."""
-    import gpytorch
-
-    model = gpytorch_svgp(Z, distribution=gpytorch.variational.NaturalVariationalDistribution)
-    ngd = gpytorch.optim.NGD(model.variational_parameters(), num_data=num_data, lr=ngd_lr)
-    adam = torch.optim.Adam([{"params": model.hyperparameters()}, {"params": likelihood.parameters()}], lr=lr)
-    return model, [ngd, adam]
-
-
 # -- machine, timing statistics ----------------------------------------------------------------------------------
 def machine_cores() -> int:
     """CPU cores this process may run on (affinity mask; ``os.cpu_count()`` where that is unavailable)."""

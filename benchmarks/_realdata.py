@@ -1,8 +1,8 @@
 """Shared parts of the real-data benchmarks against the peers (``counts_nmes.py``, ``heteroscedastic.py``,
 ``multioutput_weather.py``): the method table with its hooks, the training clock with test evaluations, the
-Gauss-Hermite predictive densities every method is scored with, GPyTorch's approximate GPs and their training loop,
-the rows, the time from which a run stays near its peer's final NLPD (:func:`settle`) and the done-when conditions
-of issue 47 (:func:`condition`).
+Gauss-Hermite predictive densities every method is scored with, the rows, the time from which a run stays near its
+peer's final NLPD (:func:`settle`) and the done-when conditions of issue 47 (:func:`condition`). The GPyTorch models,
+their optimisers and training loop are in ``_gpytorch.py``, shared with the other benchmarks.
 
 A method is a :class:`Method`: a function ``run(task, cfg) -> Trace``, its library, the method whose final test NLPD
 is its target (``peer``) and ``needs``, which returns ``None`` when the method can run on this branch or a reason
@@ -281,98 +281,6 @@ def inducing_subset(X: torch.Tensor, M: int, seed: int) -> torch.Tensor:
     """``M`` distinct training inputs ``[M, D]`` drawn at random (seed ``seed``): the same initial Z for everyone."""
     g = torch.Generator().manual_seed(seed)
     return X[torch.randperm(len(X), generator=g)[: min(M, len(X))]].clone()
-
-
-# -- GPyTorch -----------------------------------------------------------------------------------------------------
-def gpytorch_model(Z: torch.Tensor, mean: str = "zero", latents: int | None = None, tasks: int | None = None,
-                   lmc: bool = False, natural: bool = False, lengthscale: float = 1.0, outputscale: float = 1.0):
-    """GPyTorch's ``ApproximateGP`` as its docs build it: ``VariationalStrategy`` with a Cholesky (``natural``:
-    ``NaturalVariationalDistribution``) q(u) over ``Z [M, D]``, ``ScaleKernel(RBFKernel(ard))``, a ``mean`` of
-    ``"zero"``, ``"constant"`` or ``"linear"`` (initial lengthscales ``lengthscale``, variance ``outputscale``).
-    With ``latents`` = Q: Q independent GPs (batch ``[Q]``, Z repeated), wrapped in
-    ``IndependentMultitaskVariationalStrategy`` (``tasks`` = Q) or, with ``lmc``,
-    ``LMCVariationalStrategy(num_tasks=tasks, num_latents=Q)`` (the SVGP multitask tutorial)."""
-    import gpytorch
-
-    V = gpytorch.variational
-    batch = torch.Size([]) if latents is None else torch.Size([latents])
-    D = Z.shape[-1]
-
-    class Model(gpytorch.models.ApproximateGP):
-        def __init__(self):
-            Zb = Z.clone() if latents is None else Z.expand(latents, *Z.shape).clone()
-            dist = (V.NaturalVariationalDistribution if natural else V.CholeskyVariationalDistribution)(
-                Z.shape[0], batch_shape=batch)
-            s = V.VariationalStrategy(self, Zb, dist, learn_inducing_locations=True)
-            if latents is not None:
-                s = (V.LMCVariationalStrategy(s, num_tasks=tasks, num_latents=latents, latent_dim=-1) if lmc
-                     else V.IndependentMultitaskVariationalStrategy(s, num_tasks=latents))
-            super().__init__(s)
-            self.mean_module = {"zero": lambda: gpytorch.means.ZeroMean(batch_shape=batch),
-                                "constant": lambda: gpytorch.means.ConstantMean(batch_shape=batch),
-                                "linear": lambda: gpytorch.means.LinearMean(D, batch_shape=batch)}[mean]()
-            self.covar_module = gpytorch.kernels.ScaleKernel(
-                gpytorch.kernels.RBFKernel(ard_num_dims=D, batch_shape=batch), batch_shape=batch)
-            self.covar_module.base_kernel.lengthscale = lengthscale
-            self.covar_module.outputscale = outputscale
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-    return Model()
-
-
-def gpytorch_optimizers(model, likelihood, num_data: int, lr: float, ngd_lr: float | None):
-    """Adam (``lr``) on everything, or GPyTorch's NGD recipe (``ngd_lr``: ``gpytorch.optim.NGD`` on q(u), Adam on
-    the hyperparameters and the likelihood)."""
-    import gpytorch
-
-    if ngd_lr is None:
-        return [torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=lr)]
-    return [gpytorch.optim.NGD(model.variational_parameters(), num_data=num_data, lr=ngd_lr),
-            torch.optim.Adam([{"params": model.hyperparameters()}, {"params": likelihood.parameters()}], lr=lr)]
-
-
-def gpytorch_train(model, likelihood, X, y, steps: int, batch_size: int, trace: Trace, opts, seed: int = 0,
-                   mll=None) -> Trace:
-    """The loop of GPyTorch's examples: shuffled minibatches (full batch when ``batch_size >= N``), zero the
-    optimisers, ``-VariationalELBO``, backward, step; ``trace.tick`` after each step (the last one evaluated)."""
-    import gpytorch
-
-    mll = mll or gpytorch.mlls.VariationalELBO(likelihood, model, num_data=len(X))
-    model.train()
-    likelihood.train()
-    g = torch.Generator().manual_seed(seed)
-    perm, pos = torch.randperm(len(X), generator=g), 0
-    for s in range(steps):
-        if batch_size >= len(X):
-            idx = slice(None)
-        else:
-            if pos + batch_size > len(X):
-                perm, pos = torch.randperm(len(X), generator=g), 0
-            idx, pos = perm[pos : pos + batch_size], pos + batch_size
-        for opt in opts:
-            opt.zero_grad()
-        loss = -mll(model(X[idx]), y[idx])
-        loss.backward()
-        for opt in opts:
-            opt.step()
-        trace.tick(final=s == steps - 1)
-    return trace
-
-
-def gpytorch_eval(model, likelihood, fn):
-    """``fn()`` with the model and likelihood in eval mode (back to train mode after), exact predictive variances."""
-    import gpytorch
-
-    model.eval()
-    likelihood.eval()
-    try:
-        with gpytorch.settings.fast_pred_var(False):
-            return fn()
-    finally:
-        model.train()
-        likelihood.train()
 
 
 # -- ours ---------------------------------------------------------------------------------------------------------

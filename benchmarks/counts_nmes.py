@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import math
 
+import _gpytorch as gpt
 import _realdata as rd
 import pyro.distributions as dist
 import torch
@@ -124,11 +125,12 @@ def run_gpytorch(task: Task, cfg, negbin: bool, ngd: bool = False) -> rd.Trace:
     import gpytorch
 
     lik = gpytorch.likelihoods.NegativeBinomialLikelihood() if negbin else gpytorch.likelihoods.PoissonLikelihood()
-    model = rd.gpytorch_model(task.Z, mean=cfg.mean, natural=ngd)
+    model = gpt.approximate_gp(task.Z, mean=cfg.mean, distribution="natural" if ngd else "cholesky",
+                               lengthscale=1.0, outputscale=1.0)
     with torch.no_grad():  # softplus^-1 of the mean count: the prior mean's rate is the training mean
         model.mean_module.initialize(**{"constant" if cfg.mean == "constant" else "bias":
                                         task.y.mean().expm1().log()})
-    opts = rd.gpytorch_optimizers(model, lik, len(task.X), LR, NGD_LR if ngd else None)
+    opts = gpt.optimizers(model, lik, len(task.X), LR, NGD_LR if ngd else None)
 
     def evaluate():
         def go():
@@ -136,10 +138,10 @@ def run_gpytorch(task: Task, cfg, negbin: bool, ngd: bool = False) -> rd.Trace:
             lp, mean = rd.predictive(lik.forward, task.yt, f.mean, f.variance)
             return {"test_nlpd": -lp.mean().item(), "rmse": (mean - task.yt).pow(2).mean().sqrt().item()}
 
-        return rd.gpytorch_eval(model, lik, go)
+        return gpt.evaluate(model, lik, go)
 
-    return rd.gpytorch_train(model, lik, task.X, task.y, cfg.steps, cfg.batch, rd.Trace(evaluate, cfg.every), opts,
-                          seed=cfg.seed)
+    return gpt.train(model, lik, task.X, task.y, cfg.steps, cfg.batch, rd.Trace(evaluate, cfg.every), opts,
+                     seed=cfg.seed)
 
 
 # -- ours (hooks: ps.Poisson and ps.NegativeBinomial come from the likelihood branches) ------------------------------

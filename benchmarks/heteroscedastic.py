@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import math
 
+import _gpytorch as gpt
 import _realdata as rd
 import torch
 from _common import load_regression, parser, table, write_json
@@ -130,25 +131,27 @@ def run_gpytorch(task: Task, cfg, ngd: bool = False) -> rd.Trace:
 
     lik = gpytorch.likelihoods.GaussianLikelihood()
     lik.noise = NOISE
-    model = rd.gpytorch_model(task.Z, natural=ngd)
-    opts = rd.gpytorch_optimizers(model, lik, len(task.X), LR, NGD_LR if ngd else None)
+    model = gpt.approximate_gp(task.Z, distribution="natural" if ngd else "cholesky", lengthscale=1.0,
+                               outputscale=1.0)
+    opts = gpt.optimizers(model, lik, len(task.X), LR, NGD_LR if ngd else None)
 
     def evaluate():
         def go():
             f = model(task.Xt)
             return gaussian_metrics(task, f.mean, f.variance, lik.noise)
 
-        return rd.gpytorch_eval(model, lik, go)
+        return gpt.evaluate(model, lik, go)
 
-    return rd.gpytorch_train(model, lik, task.X, task.y, cfg.steps, batch_size(task, cfg),
-                             rd.Trace(evaluate, cfg.every), opts, seed=cfg.seed)
+    return gpt.train(model, lik, task.X, task.y, cfg.steps, batch_size(task, cfg), rd.Trace(evaluate, cfg.every),
+                     opts, seed=cfg.seed)
 
 
 def run_gpytorch_het(task: Task, cfg, ngd: bool = False) -> rd.Trace:
     lik = het_likelihood()
-    model = rd.gpytorch_model(task.Z, mean="constant", latents=2, natural=ngd)
+    model = gpt.approximate_gp(task.Z, mean="constant", latents=2, distribution="natural" if ngd else "cholesky",
+                               lengthscale=1.0, outputscale=1.0)
     model.mean_module.constant = torch.tensor([0.0, 0.5 * math.log(NOISE)])  # f: 0; g: log sd of noise 0.1
-    opts = rd.gpytorch_optimizers(model, lik, len(task.X), LR, NGD_LR if ngd else None)
+    opts = gpt.optimizers(model, lik, len(task.X), LR, NGD_LR if ngd else None)
 
     def evaluate():
         def go():
@@ -156,10 +159,10 @@ def run_gpytorch_het(task: Task, cfg, ngd: bool = False) -> rd.Trace:
             m, v = q.mean, q.variance
             return het_metrics(task, m[:, 0], v[:, 0], m[:, 1], v[:, 1])
 
-        return rd.gpytorch_eval(model, lik, go)
+        return gpt.evaluate(model, lik, go)
 
-    return rd.gpytorch_train(model, lik, task.X, task.y, cfg.steps, batch_size(task, cfg),
-                             rd.Trace(evaluate, cfg.every), opts, seed=cfg.seed)
+    return gpt.train(model, lik, task.X, task.y, cfg.steps, batch_size(task, cfg), rd.Trace(evaluate, cfg.every),
+                     opts, seed=cfg.seed)
 
 
 # -- ours -----------------------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+import _gpytorch as gpt
 import _realdata as rd
 import numpy as np
 import torch
@@ -123,20 +124,20 @@ def run_gpytorch(task: Task, cfg, lmc: bool, ngd: bool = False) -> rd.Trace:
     lik = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3)
     lik.noise = NOISE / 2  # the shared noise; each task's adds as much: 0.1 in all
     lik.task_noises = torch.full((3,), NOISE / 2)
-    model = rd.gpytorch_model(task.Z, mean="constant", latents=Q, tasks=3, lmc=lmc, natural=ngd,
-                              lengthscale=LENGTHSCALE)
-    opts = rd.gpytorch_optimizers(model, lik, len(task.X), LR, NGD_LR if ngd else None)
+    model = gpt.approximate_gp(task.Z, mean="constant", latents=Q, tasks=3, lmc=lmc,
+                               distribution="natural" if ngd else "cholesky", lengthscale=LENGTHSCALE, outputscale=1.0)
+    opts = gpt.optimizers(model, lik, len(task.X), LR, NGD_LR if ngd else None)
 
     def evaluate():
         def go():
             pred = lik(model(task.Xt))  # MultitaskMultivariateNormal [T, 3] with the noise
             return metrics(task, pred.mean, pred.variance)
 
-        return rd.gpytorch_eval(model, lik, go)
+        return gpt.evaluate(model, lik, go)
 
     with gpytorch.settings.observation_nan_policy("mask"):
-        return rd.gpytorch_train(model, lik, task.X, task.y, cfg.steps, cfg.batch, rd.Trace(evaluate, cfg.every),
-                                 opts, seed=task.split)
+        return gpt.train(model, lik, task.X, task.y, cfg.steps, cfg.batch, rd.Trace(evaluate, cfg.every), opts,
+                         seed=task.split)
 
 
 # -- ours -----------------------------------------------------------------------------------------------------------

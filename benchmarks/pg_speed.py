@@ -16,7 +16,8 @@ import numpy as np
 import pyro
 import torch
 from _classification_data import load_binary, stratified_split
-from _common import batches, gpytorch_svgp, parser, setup, table, train_trace, write_json
+from _common import batches, parser, setup, table, train_trace, write_json
+from _gpytorch import approximate_gp, optimizers
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
@@ -46,11 +47,10 @@ def ours(kind, X, y, Xt, yt, Z, idx, every, lr, rho):
 
 
 def gpyt(X, y, Xt, yt, Z, idx, every, lr):
-    model = gpytorch_svgp(Z.clone())
-    model.covar_module.base_kernel.lengthscale = 1.0
+    model = approximate_gp(Z.clone(), lengthscale=1.0)
     lik = gpytorch.likelihoods.BernoulliLikelihood()
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=len(X))
-    opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=lr)
+    (opt,) = optimizers(model, lik, len(X), lr=lr)
 
     def step(i):
         model.train()

@@ -23,7 +23,8 @@ from collections import Counter
 
 import gpytorch
 import torch
-from _common import gpytorch_svgp, parser, setup, table, time_alternating, write_json
+from _common import parser, setup, table, time_alternating, write_json
+from _gpytorch import approximate_gp, optimizers
 from pyro.contrib.gp.kernels import RBF
 from pyro.infer import TraceMeanField_ELBO
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -66,10 +67,10 @@ def ours_step(gp, X, y):
 
 
 def gpytorch_odvgp_step(M, X, y):
-    model = gpytorch_svgp(torch.randn(M, D), mean_inducing=torch.randn(M, D))
+    model = approximate_gp(torch.randn(M, D), mean_inducing=torch.randn(M, D))
     lik = gpytorch.likelihoods.GaussianLikelihood()
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=N)
-    opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=0.01)
+    (opt,) = optimizers(model, lik, N, lr=0.01)
     model.train()
     lik.train()
 

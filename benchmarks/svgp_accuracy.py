@@ -43,7 +43,6 @@ import pyro.contrib.gp as pgp
 import torch
 from _common import (
     batches,
-    gpytorch_svgp,
     load_regression,
     machine_note,
     parser,
@@ -53,6 +52,7 @@ from _common import (
     write_json,
 )
 from _common import train_trace as train
+from _gpytorch import approximate_gp, optimizers
 from pyro.contrib.gp.kernels import RBF
 from pyro.infer import TraceMeanField_ELBO
 
@@ -120,13 +120,11 @@ def run_ours_fit(mode, X, y, Xt, yt, Z, steps, batch, every, lr):
 
 
 def build_gpytorch(Z, strategy, N):
-    model = gpytorch_svgp(Z.clone(), strategy)
-    model.covar_module.base_kernel.lengthscale = LS0
-    model.covar_module.outputscale = VAR0
+    model = approximate_gp(Z.clone(), strategy=strategy, lengthscale=LS0, outputscale=VAR0)
     lik = gpytorch.likelihoods.GaussianLikelihood()
     lik.noise = NOISE0
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=N)
-    opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=0.01)
+    (opt,) = optimizers(model, lik, N, lr=0.01)
     return model, lik, mll, opt
 
 

@@ -37,7 +37,8 @@ import gpytorch
 import pyro
 import pyro.contrib.gp as pgp
 import torch
-from _common import gpytorch_svgp, machine_note, parser, setup, table, time_alternating_stats, write_json
+from _common import machine_note, parser, setup, table, time_alternating_stats, write_json
+from _gpytorch import approximate_gp
 from pyro.contrib.gp.kernels import RBF
 from pyro.infer import TraceMeanField_ELBO
 
@@ -84,7 +85,7 @@ def ours(data, Z, mode):
 
 
 def gpytorch_step(data, Z, strategy):
-    model = gpytorch_svgp(Z.clone(), strategy)
+    model = approximate_gp(Z.clone(), strategy=strategy)
     lik = gpytorch.likelihoods.GaussianLikelihood()
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=N)
     params = list(model.parameters()) + list(lik.parameters())

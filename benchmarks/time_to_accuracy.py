@@ -14,11 +14,11 @@ lengthscales 1, variance 1), Gaussian noise (initial variance 0.1), whitened q(u
 0.01 for Adam, minibatches of 1024, ``--epochs`` passes.
 
 * ``gpytorch_ngd`` (the contender): GPyTorch's natural-gradient recipe (its docs example "Natural Gradient Descent
-  with Variational Models", ``_common.gpytorch_ngd``): ``NaturalVariationalDistribution`` + ``VariationalStrategy``,
-  ``gpytorch.optim.NGD(model.variational_parameters(), num_data=N, lr=0.1)`` on q(u) and Adam (lr 0.01) on the
-  hyperparameters and the likelihood, ``VariationalELBO``.
+  with Variational Models", ``_gpytorch.optimizers`` with ``ngd_lr``): ``NaturalVariationalDistribution`` +
+  ``VariationalStrategy``, ``gpytorch.optim.NGD(model.variational_parameters(), num_data=N, lr=0.1)`` on q(u) and
+  Adam (lr 0.01) on the hyperparameters and the likelihood, ``VariationalELBO``.
 * ``gpytorch``: ``ApproximateGP`` + ``CholeskyVariationalDistribution`` + ``VariationalStrategy`` +
-  ``ScaleKernel(RBFKernel(ard))`` + ``GaussianLikelihood`` + ``VariationalELBO`` (``_common.gpytorch_svgp``), Adam on
+  ``ScaleKernel(RBFKernel(ard))`` + ``GaussianLikelihood`` + ``VariationalELBO`` (``_gpytorch.approximate_gp``), Adam on
   everything. Both GPyTorch models train in a plain loop over shuffled index batches.
 * ``ours``: ``pyro_sparsegp.infer.fit(gp, X, y, batch_size=1024, lr=0.01)`` with its defaults (the closed-form bound,
   natural-gradient steps of length 0.1 on q(u) — ``natgrad_lr="auto"`` —, a Fisher-scoring step of the same length
@@ -52,7 +52,8 @@ import warnings
 import gpytorch
 import pyro
 import torch
-from _common import gpytorch_ngd, gpytorch_svgp, load_regression, machine_note, parser, setup, table, write_json
+from _common import load_regression, machine_note, parser, setup, table, write_json
+from _gpytorch import approximate_gp, optimizers
 from pyro.contrib.gp.kernels import RBF
 from pyro.infer import TraceMeanField_ELBO
 
@@ -102,11 +103,9 @@ class Trace:
 def run_gpytorch(X, y, Xt, yt, Z, steps, every, y_std, ngd=False):
     lik = gpytorch.likelihoods.GaussianLikelihood()
     lik.noise = NOISE
-    if ngd:  # GPyTorch's natural-gradient recipe: NGD (lr 0.1) on q(u), Adam on the rest
-        model, opts = gpytorch_ngd(Z.clone(), lik, len(X), lr=LR, ngd_lr=NGD_LR)
-    else:
-        model = gpytorch_svgp(Z.clone())
-        opts = [torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=LR)]
+    # ngd: GPyTorch's natural-gradient recipe, NGD (lr 0.1) on q(u), Adam on the rest; else Adam on everything
+    model = approximate_gp(Z.clone(), distribution="natural" if ngd else "cholesky")
+    opts = optimizers(model, lik, len(X), lr=LR, ngd_lr=NGD_LR if ngd else None)
     model.covar_module.base_kernel.lengthscale = torch.ones(1, X.shape[1])
     model.covar_module.outputscale = 1.0
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=len(X))

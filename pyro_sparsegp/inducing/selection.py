@@ -23,7 +23,7 @@ over the rows. Where ``M`` points cannot cover the inputs at the kernel's length
 (0.20, 0.13). Run on a random pool of ``4 M`` rows (``select``'s ``candidates="auto"``), the greedy picks keep the
 data's density (a region is in the pool as often as it is in the data) and spread within it: 0.13, 0.41 and 0.19
 there; ``2 M`` rows 0.12, 0.32, 0.17 (``benchmarks/time_to_accuracy.py --starts`` measures what each start does to
-training; ``docs/fitting.md``).
+training; ``docs/fitting_measurements.md``).
 """
 
 from __future__ import annotations

@@ -457,10 +457,11 @@ def test_weather_gpytorch_masking_drops_exactly_the_missing_entries(lmc):
     the observed entries only (written out here from q(f)'s marginals and the task noises)."""
     import gpytorch
 
-    rd = _bench("_realdata")
+    gpt = _bench("_gpytorch")
     X, Y = torch.rand(20, 1), torch.randn(20, 3)
     Y[3, 1] = Y[5, 0] = Y[5, 1] = Y[7, 2] = float("nan")
-    model = rd.gpytorch_model(X[:5], mean="constant", latents=2 if lmc else 3, tasks=3, lmc=lmc)
+    model = gpt.approximate_gp(X[:5], mean="constant", latents=2 if lmc else 3, tasks=3, lmc=lmc, lengthscale=1.0,
+                               outputscale=1.0)
     lik = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3)
     lik.task_noises = torch.tensor([0.1, 0.2, 0.3])
     with torch.no_grad():

@@ -1,14 +1,14 @@
 """Mutation testing of the packages where a wrong line gives a wrong number (issue 45, item 3): each mutant (one
 small change of one line) is run against the tests of its package that execute that line; a failing test kills it.
 
-    pip install -e ".[test,bench]"   # coverage
-    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/mutation.py [TARGET ...] [--score PATH] [--detail PATH]
+    pip install -e ".[test,dev]"   # coverage
+    PYTHONPATH=. OMP_NUM_THREADS=1 python tools/mutation.py [TARGET ...] [--score PATH] [--detail PATH]
         [--work DIR] [--list] [--check-equivalent] [--sample K [--seed S]] [--survivors-of DETAIL [--pool TESTS]]
 
 ``TARGET``: a package of :data:`PACKAGES` (``covariances``, ``infer/natgrad``, ...) or one module file
-(``pyro_sparsegp/covariances/points.py``); default all seven. Writes ``benchmarks/records/mutation_score.json`` as
+(``pyro_sparsegp/covariances/points.py``); default all seven. Writes ``tools/records/mutation_score.json`` as
 ``{"<module path>": {"killed": k, "survived": s, "equivalent": e}}`` (entries of the modules run are replaced, the
-others kept) and ``benchmarks/records/mutation_detail.json`` (each surviving mutant, the tests that ran it, wall time
+others kept) and ``tools/records/mutation_detail.json`` (each surviving mutant, the tests that ran it, wall time
 per package). ``--list`` prints the mutants of the targets and runs nothing. ``--sample K`` runs a seeded uniform
 sample of at most K mutants per module file (the detail file's ``sampling`` says which scores are sample estimates and
 of how many mutants). Not part of CI or of the test suite.
@@ -43,7 +43,7 @@ dropped. Not mutated: docstrings and other strings, f-strings, annotations, deco
 Outcomes: a test failure, an error (an import error included), a crash or a timeout (five times the covering tests'
 time plus 60 s) kills; all covering tests passing, or no test covering the line, is a survivor. Equivalent mutants
 (no program can tell them from the original) are listed with the reason in
-``benchmarks/records/mutation_equivalent.json`` as ``{"<module path>": [{"location": "Class.method", "code":
+``tools/records/mutation_equivalent.json`` as ``{"<module path>": [{"location": "Class.method", "code":
 "<source line, stripped>", "mutation": "<as printed by --list>", "why": "..."}]}`` (the line number is not part of the
 match, so the list survives edits elsewhere in the file); they are not run (``--check-equivalent`` runs them and
 warns about any that a test kills) and count in ``equivalent`` only.
@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDS = ROOT / "benchmarks" / "records"
+RECORDS = ROOT / "tools" / "records"
 
 # package -> the test folders it is judged against: its own, and those where it is tested by design (the variational
 # strategies and the bound oracles are exercised through the layers' tests).
@@ -746,7 +746,7 @@ def run_package(package: str, modules: list[str], tree: Path, work: Path, equiva
                             "k": k, "seed": s}
     session, fresh, by_id = [{"id": "baseline", "tests": every, "timeout": timeout(every)}], [], {}
     for module, ms in mutants.items():
-        eq_keys = {(e["location"], e["code"], e["mutation"]) for e in equivalent.get(module, [])}
+        eq_keys = equivalent_keys(equivalent, module)
         survived_before = None
         if earlier and earlier.get("sources", {}).get(module) == _sha(tree / module):
             survived_before = {(e["location"], e["code"], e["mutation"]) for e in earlier["survivors"].get(module, [])}
@@ -776,24 +776,63 @@ def run_package(package: str, modules: list[str], tree: Path, work: Path, equiva
     results.update(_run_worker("fresh", tree, work, [cover["file"]], fresh + unresolved))
     out = {}
     for module, ms in mutants.items():
-        counts = {"killed": 0, "survived": 0, "equivalent": 0}
-        for i, m in enumerate(ms):
-            m.status += results.get(f"{module}#{i}", "")
-            if m.status.startswith("equivalent?"):
-                if m.status not in ("equivalent?", "equivalent?survived"):
-                    print(f"  WARNING: listed as equivalent but {m.status[11:]}: {module} {m.key()}")
-                m.status = "equivalent"
-            counts["killed" if m.status == "timeout" else m.status] += 1
-            if m.status == "survived":
-                print(f"  survived {module}:{m.line} {m.location}: {m.mutation}  | {m.code}")
-        listed = {(e["location"], e["code"], e["mutation"]) for e in equivalent.get(module, [])}
-        for stale in listed - {m.key() for m in ms}:
-            print(f"  WARNING: stale equivalent entry (no such mutant now): {module} {stale}")
+        counts = tally(module, ms, results, equivalent)
         out[module] = (counts, ms)
         note = f" (a sample of {len(ms)} of {sampling[module]['population']})" if sampling[module]["sampled"] else ""
         print(f"[{package}] {module}: {counts}{note}", flush=True)
     return {"results": out, "wall_s": round(time.time() - t0, 1), "tests": len(cover["durations"]),
             "sampling": sampling}
+
+
+# -- bookkeeping: outcomes, counts, the record files -------------------------------------------------------------------
+def equivalent_keys(equivalent: dict, module: str) -> set:
+    """The ``(location, code, mutation)`` keys of ``module``'s entries in the equivalent-mutants list (the line
+    number is not part of the key, so an entry survives edits elsewhere in the file): compared with
+    :meth:`Mutant.key`."""
+    return {(e["location"], e["code"], e["mutation"]) for e in equivalent.get(module, [])}
+
+
+def tally(module: str, mutants: list[Mutant], results: dict, equivalent: dict) -> dict:
+    """Settle each mutant's status from the workers' ``results`` (``"<module>#<index>"`` -> ``"killed"``,
+    ``"survived"``, ``"timeout"``; a mutant without a result keeps the status set before the run) and count the
+    module's ``{"killed", "survived", "equivalent"}``: a timeout counts as killed, a listed equivalent mutant as
+    equivalent whatever its run said (with a warning where a test killed it), and stale equivalent entries (no such
+    mutant now) are warned about."""
+    counts = {"killed": 0, "survived": 0, "equivalent": 0}
+    for i, m in enumerate(mutants):
+        m.status += results.get(f"{module}#{i}", "")
+        if m.status.startswith("equivalent?"):
+            if m.status not in ("equivalent?", "equivalent?survived"):
+                print(f"  WARNING: listed as equivalent but {m.status[11:]}: {module} {m.key()}")
+            m.status = "equivalent"
+        counts["killed" if m.status == "timeout" else m.status] += 1
+        if m.status == "survived":
+            print(f"  survived {module}:{m.line} {m.location}: {m.mutation}  | {m.code}")
+    for stale in equivalent_keys(equivalent, module) - {m.key() for m in mutants}:
+        print(f"  WARNING: stale equivalent entry (no such mutant now): {module} {stale}")
+    return counts
+
+
+def record_run(score: dict, detail: dict, package: str, run: dict, tree: Path, max_tests: int | None) -> None:
+    """Merge one package's :func:`run_package` result into the score and detail records (in place): the entries of
+    the modules run are replaced (a module without mutants keeps its score entry), the others kept."""
+    for module, (counts, mutants) in run["results"].items():
+        detail.setdefault("sources", {})[module] = _sha(tree / module)
+        detail.setdefault("sampling", {})[module] = run["sampling"][module]
+        if sum(counts.values()):
+            score[module] = counts
+        detail.setdefault("survivors", {})[module] = [
+            {"location": m.location, "line": m.line, "code": m.code, "mutation": m.mutation,
+             "covering_tests": len(m.tests)} for m in mutants if m.status == "survived"]
+    detail.setdefault("runs", {})[package] = {
+        "wall_s": run["wall_s"], "tests_in_pool": run["tests"], "max_tests": max_tests,
+        "mutants": sum(sum(c.values()) for c, _ in run["results"].values()),
+        "modules": {m: c for m, (c, _) in run["results"].items()}}
+
+
+def write_records(score_path: str | Path, score: dict, detail_path: str | Path, detail: dict) -> None:
+    for path, obj in ((score_path, score), (detail_path, detail)):
+        Path(path).write_text(json.dumps(dict(sorted(obj.items())), indent=1) + "\n")
 
 
 # -- command line ---------------------------------------------------------------------------------------------------
@@ -869,19 +908,8 @@ def main() -> None:
     for package, modules in by_package.items():
         run = run_package(package, modules, tree, work, equivalent, args.check_equivalent, earlier, args.pool,
                           args.sample, args.seed, args.max_tests)
-        for module, (counts, mutants) in run["results"].items():
-            detail.setdefault("sources", {})[module] = _sha(tree / module)
-            detail.setdefault("sampling", {})[module] = run["sampling"][module]
-            if sum(counts.values()):
-                score[module] = counts
-            detail["survivors"][module] = [
-                {"location": m.location, "line": m.line, "code": m.code, "mutation": m.mutation,
-                 "covering_tests": len(m.tests)} for m in mutants if m.status == "survived"]
-        detail["runs"][package] = {"wall_s": run["wall_s"], "tests_in_pool": run["tests"], "max_tests": args.max_tests,
-                                   "mutants": sum(sum(c.values()) for c, _ in run["results"].values()),
-                                   "modules": {m: c for m, (c, _) in run["results"].items()}}
-        for path, obj in ((args.score, score), (args.detail, detail)):
-            Path(path).write_text(json.dumps(dict(sorted(obj.items())), indent=1) + "\n")
+        record_run(score, detail, package, run, tree, args.max_tests)
+        write_records(args.score, score, args.detail, detail)
         print(f"[{package}] done in {run['wall_s']} s", flush=True)
 
 
