@@ -8,7 +8,7 @@ Contenders, run alternately (bare, fit, fit with progress bar, fit with natural 
 
 * ``bare``: ``opt.zero_grad(); loss = -gp.analytic_elbo(X[idx], y[idx], num_data=N); loss.backward(); opt.step()``
   with ``idx`` slices of a random permutation (the step that ``fit`` takes by default, with its batching).
-* ``fit``: ``fit(gp, X, y, num_steps=..., batch_size=1024, natgrad_lr=None, progress=False)`` continuing the same
+* ``fit``: ``fit(gp, X, y, num_steps=..., batch_size=1024, natgrad=None, progress=False)`` continuing the same
   module: the same step as ``bare`` (Adam on everything; its per-call set-up, a fresh Adam and the data checks, is
   included and spread over the chunk).
 * ``fit_bar``: the same with ``progress=True`` (the bar rendered into a null stream).

@@ -17,9 +17,9 @@ variance 1, length-scale sqrt(median pairwise distance) (``benchmarks/multiclass
 one set of inducing inputs shared by the classes); ``lik`` robust-max (epsilon 1e-3) or softmax. Methods:
 
 * ``ep``: ``ps.infer.fit_ep`` (robust-max only; its defaults: 250 damped batch iterations with hyperparameter steps);
-* ``adam``: ``fit(natgrad_lr=None)``: Adam (lr 0.01) on everything (the default for these likelihoods before);
-* ``nat_plain``: ``fit(natgrad_lr=0.1, natgrad_warmup=0, natgrad_retraction=False)``: the plain natural step;
-* ``nat_auto``: ``fit(natgrad_lr="auto")``: length 0.1, the positive-definite step, a 5-step warm-up (the paper's);
+* ``adam``: ``fit(natgrad=None)``: Adam (lr 0.01) on everything (the default for these likelihoods before);
+* ``nat_plain``: ``fit(natgrad=ps.infer.NaturalPolicy(lr=0.1, warmup=0, retraction=False))``: the plain natural step;
+* ``nat_auto``: ``fit(natgrad="auto")``: length 0.1, the positive-definite step, a 5-step warm-up (the paper's);
 * ``nat_auto_avg``: as ``nat_auto`` with ``average=0.25`` (the last quarter's iterates averaged);
 
 all through ``fit`` on the full batch (1,200) with the closed-form bound for ``--steps`` steps. Metrics: test

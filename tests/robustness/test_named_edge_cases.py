@@ -176,7 +176,7 @@ def _natgrad_robustmax():
     gp = ps.SVGP(RBF(2), X[:20].clone(), ps.RobustMax(4), num_outputs=4, integrate_f=True)
     _reset_warnings()
     state, _ = _recorded(
-        lambda: ps.infer.fit(gp, X, y, num_steps=40, batch_size=50, natgrad_lr=0.1, elbo="analytic", progress=False)
+        lambda: ps.infer.fit(gp, X, y, num_steps=40, batch_size=50, natgrad=0.1, elbo="analytic", progress=False)
     )
     assert all(math.isfinite(v) for v in state.losses)
     assert state.losses[-1] < 0.5 * state.losses[0], (state.losses[0], state.losses[-1])

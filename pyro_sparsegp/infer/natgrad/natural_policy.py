@@ -129,18 +129,10 @@ class NaturalPolicy:
             raise ValueError(f'NaturalPolicy.finish must be "auto", "exact", "natural" or None, got {self.finish!r}')
 
 
-def as_policy(natgrad, name: str = "natgrad") -> NaturalPolicy:
+def as_policy(natgrad) -> NaturalPolicy:
     """``natgrad`` as a :class:`NaturalPolicy`: a policy is returned as it is, ``"auto"`` is ``NaturalPolicy()``, a
     float or a schedule ``step -> float`` is ``NaturalPolicy(lr=natgrad)`` and ``None`` is ``NaturalPolicy(lr=None)``;
-    anything else raises ``TypeError`` naming the argument ``name``. No tensors, so shapes do not apply."""
+    anything else raises the ``ValueError`` of ``NaturalPolicy.lr``. No tensors, so shapes do not apply."""
     if isinstance(natgrad, NaturalPolicy):
         return natgrad
-    if _auto(natgrad):
-        return NaturalPolicy()
-    if natgrad is None or callable(natgrad) or (isinstance(natgrad, numbers.Real) and not isinstance(natgrad, bool)):
-        try:
-            return NaturalPolicy(lr=natgrad)
-        except ValueError as exc:
-            raise ValueError(f"{name}: {exc} (a number stands for NaturalPolicy(lr=...))") from None
-    raise TypeError(f"{name} must be a ps.infer.NaturalPolicy, a step length in (0, 1], a schedule step -> float, None "
-                    f"(Adam trains q(u)) or 'auto', got {natgrad!r}")
+    return NaturalPolicy() if _auto(natgrad) else NaturalPolicy(lr=natgrad)

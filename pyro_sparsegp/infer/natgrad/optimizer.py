@@ -150,12 +150,12 @@ class NaturalGradient(PyroOptim):
         self.schedule = _schedule(policy)
         self.num_steps, self._base_lr = num_steps, {}
         cooldown = (0.5 if num_steps is not None else None) if policy.cooldown == "auto" else policy.cooldown
-        if num_steps is not None:
-            cooldown = float(cooldown or 0.0)
+        if num_steps is not None and cooldown:
+            cooldown = float(cooldown)
             start = int(num_steps) - int(round(cooldown * num_steps))
             self.cooldown = Cooldown(self.schedule, start, int(num_steps), COOLDOWN_FACTOR)
             self.schedule = self.cooldown
-        elif cooldown:
+        elif cooldown and num_steps is None:
             raise ValueError(f"NaturalPolicy.cooldown={cooldown!r} is a fraction of the run's steps: give "
                              "NaturalGradient num_steps=...")
         else:

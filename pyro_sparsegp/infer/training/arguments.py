@@ -92,7 +92,8 @@ def split_data(X, y) -> tuple:
     kind = None
     if isinstance(X, DataLoader):
         kind = "a DataLoader"
-    elif not (isinstance(X, (torch.Tensor, list, tuple)) or type(X).__module__.split(".")[0] in ("numpy", "pandas")):
+    elif not (isinstance(X, (torch.Tensor, list, tuple, str, bytes))
+              or type(X).__module__.split(".")[0] in ("numpy", "pandas")):
         if hasattr(X, "__getitem__") and hasattr(X, "__len__"):
             kind = "a dataset"
     if kind is None:
