@@ -155,10 +155,13 @@ def test_fit_finishes_exactly_by_default_and_the_full_data_bound_rises():
     exact_finish_(finished, [(X, y)])  # a fixed point: finishing twice changes nothing
     for a, b in zip(finished.parameters(), again, strict=True):
         torch.testing.assert_close(a.detach(), b, rtol=1e-5, atol=1e-6)
-    assert torch.equal(run(natgrad=ps.infer.NaturalPolicy(lr=None, finish=None)).q_u.u_loc, run(natgrad=None).q_u.u_loc)  # Adam: off
+    assert torch.equal(run(natgrad=ps.infer.NaturalPolicy(lr=None, finish=None)).q_u.u_loc,
+                       run(natgrad=None).q_u.u_loc)  # Adam: off
     # under one epoch (5 x 50 of 600 rows) the pass would cost more than the training: "auto" leaves it out
-    assert torch.equal(run(natgrad=ps.infer.NaturalPolicy(finish=None), num_steps=5).q_u.u_loc, run(num_steps=5).q_u.u_loc)
-    assert not torch.equal(run(natgrad=ps.infer.NaturalPolicy(finish="exact"), num_steps=5).q_u.u_loc, run(num_steps=5).q_u.u_loc)
+    assert torch.equal(run(natgrad=ps.infer.NaturalPolicy(finish=None), num_steps=5).q_u.u_loc,
+                       run(num_steps=5).q_u.u_loc)
+    assert not torch.equal(run(natgrad=ps.infer.NaturalPolicy(finish="exact"), num_steps=5).q_u.u_loc,
+                           run(num_steps=5).q_u.u_loc)
 
 
 def test_a_frozen_q_u_is_left_alone():
@@ -256,7 +259,8 @@ def test_a_checkpoint_holds_the_final_model_and_resumes_from_the_loop(tmp_path):
     for k, v in first.state_dict().items():  # "module" is the finished model the call returned
         assert torch.equal(saved["module"][k], v), k
     resumed = gp()
-    fit(resumed, X, y, num_steps=20, checkpoint=ps.infer.Checkpoint(None, resume=str(tmp_path / "c.pt")), **kw)  # continues from the loop's iterate
+    fit(resumed, X, y, num_steps=20, checkpoint=ps.infer.Checkpoint(None, resume=str(tmp_path / "c.pt")),
+        **kw)  # continues from the loop's iterate
     for a, b in zip(resumed.parameters(), straight.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -343,7 +347,8 @@ def test_a_finish_that_cannot_factorise_keeps_the_trained_state(monkeypatch):
     monkeypatch.setattr(finish_module, "_optimum", fails)
     gp = ps.SVGP(RBF(2), X[:8].clone(), ps.Gaussian(0.1), name="gp")
     with pytest.warns(RuntimeWarning, match=r"no exact finish: .*200-point optimum could not be factorised.*keeps"):
-        state = fit(gp, X, y, num_steps=10, batch_size=50, progress=False, natgrad=ps.infer.NaturalPolicy(finish="exact"))
+        state = fit(gp, X, y, num_steps=10, batch_size=50, progress=False,
+                    natgrad=ps.infer.NaturalPolicy(finish="exact"))
     assert len(state.losses) == 10
     for (name, p), (_, q) in zip(gp.named_parameters(), ref.named_parameters(), strict=True):
         torch.testing.assert_close(p, q, msg=name)

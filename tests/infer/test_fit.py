@@ -339,7 +339,8 @@ def test_the_fit_loop_keeps_to_the_house_rules():
     import pathlib
 
     folder = pathlib.Path(ps.__file__).parent / "infer" / "training"
-    for name in ["loop", "arguments", "batches", "checkpoint", "guard", "distributed", "steps", "exact_finish", "progress"]:
+    for name in ["loop", "arguments", "batches", "checkpoint", "guard", "distributed", "steps", "exact_finish",
+                 "progress"]:
         src = (folder / f"{name}.py").read_text()
         assert len(src.splitlines()) <= 400 and "nonlocal" not in src, name
         for node in ast.walk(ast.parse(src)):

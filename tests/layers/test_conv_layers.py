@@ -218,7 +218,8 @@ def test_fit_takes_natural_steps_on_every_deep_conv_layer(solve):
     # one small step on the full batch, the hyperparameters held (Adam at lr 1e-12), from the hidden layers on, its
     # gradient from 64 samples through the hidden layers (the default's few would leave the hidden steps' noise)
     gp.num_samples = 64
-    fit(gp, X, y, num_steps=1, batch_size=12, lr=1e-12, natgrad=ps.infer.NaturalPolicy(lr=0.1, warmup=0, layers="all", hidden_start=0), progress=False)
+    fit(gp, X, y, num_steps=1, batch_size=12, lr=1e-12, natgrad=ps.infer.NaturalPolicy(lr=0.1, warmup=0,
+                                                                                       layers="all", hidden_start=0), progress=False)
     for q, b in zip(families, before, strict=True):
         assert torch.isfinite(q.u_loc).all() and not torch.equal(q.u_loc.detach(), b)
     rise = bound() - start  # [24]: the same draws before and after

@@ -10,5 +10,6 @@ from .exact_finish import exact_finish_
 from .guard import NonFiniteLossError
 from .loop import fit
 
-__all__ = ["fit", "Checkpoint", "FitState", "NonFiniteLossError", "save_checkpoint", "load_checkpoint", "EpochBatchSampler",
+__all__ = ["fit", "Checkpoint", "FitState", "NonFiniteLossError", "save_checkpoint", "load_checkpoint",
+           "EpochBatchSampler",
            "exact_finish_"]

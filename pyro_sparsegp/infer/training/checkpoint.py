@@ -123,7 +123,8 @@ def _read_checkpoint(path) -> dict:
 
 def _check_optimizer_layout(path, optimizer, saved: dict) -> None:
     """A ``ValueError`` naming the file if the checkpoint's optimiser state has other parameter groups than
-    ``optimizer`` (a run with natural gradients on against one with them off, another ``NaturalPolicy.layers`` or ``elbo``:
+    ``optimizer`` (a run with natural gradients on against one with them off,
+                   another ``NaturalPolicy.layers`` or ``elbo``:
     they hand Adam different parameters), before anything is loaded."""
     ours = [len(g["params"]) for g in optimizer.param_groups]
     theirs = [len(g.get("params", ())) for g in saved.get("param_groups", ())]

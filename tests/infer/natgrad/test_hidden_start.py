@@ -1,5 +1,6 @@
 """Natural steps on every layer of a deep GP with the hidden layers joining late (issue #26, the DGP target):
-``fit(natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=k))`` trains the hidden layers' q(u) with Adam for steps ``0 .. k-1``
+``fit(natgrad=ps.infer.NaturalPolicy(layers="all",
+                                     hidden_start=k))`` trains the hidden layers' q(u) with Adam for steps ``0 .. k-1``
 and with natural steps from step ``k`` on, with one Adam state throughout (no restart), and resumes identically
 across the join."""
 
@@ -70,7 +71,8 @@ def test_hidden_layers_join_the_natural_steps_at_hidden_start(monkeypatch):
 
     monkeypatch.setattr(natural_gradient, "natgrad_from_grads_", spy)
     monkeypatch.setattr(fit_module, "TrainingStep", Recorded)
-    fit(dgp, X, y, num_steps=8, batch_size=40, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=3), progress=False,
+    fit(dgp, X, y, num_steps=8, batch_size=40, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=3),
+        progress=False,
         callback=lambda step, loss: stepped.append([]))
     per_step = [{id(q) for q in s} for s in stepped[:8]]
     assert per_step[:3] == [{id(last)}] * 3
@@ -110,10 +112,12 @@ def test_auto_hidden_start_is_half_the_steps_and_only_for_all():
     assert plan.late(plan.families()) == []
     for bad in (-1, 2.5, True, "half"):
         with pytest.raises(ValueError, match="NaturalPolicy.hidden_start"):
-            fit(dgp, *_data(), num_steps=2, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=bad), progress=False)
+            fit(dgp, *_data(), num_steps=2, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=bad),
+                progress=False)
 
 
-@pytest.mark.parametrize("layers", [{}, dict(natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=4))], ids=["last", "join"])
+@pytest.mark.parametrize("layers", [{}, dict(natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=4))],
+                         ids=["last", "join"])
 def test_a_run_resumed_across_the_join_ends_where_an_unbroken_one_does(tmp_path, layers):
     """A DeepGP run resumed from a checkpoint written at the end of a shorter run (after its exact finish, which
     samples the hidden layers: the checkpoint keeps the loop's RNG state) ends where an unbroken one does, also when
@@ -220,7 +224,8 @@ def test_an_average_of_the_hidden_layers_goes_with_the_exact_finish_of_the_last(
             trainers.append(self)
 
     monkeypatch.setattr(fit_module, "TrainingStep", Recorded)
-    fit(dgp, X, y, num_steps=8, batch_size=40, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=0, average=0.5, finish="exact"), callback=lambda step, loss: seen.append(IterateAverage.natural(hidden)) if step > 4 else None)
+    fit(dgp, X, y, num_steps=8, batch_size=40, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=0,
+                                                                              average=0.5, finish="exact"), callback=lambda step, loss: seen.append(IterateAverage.natural(hidden)) if step > 4 else None)
     assert "exact finish of the last layer's q(u)" in capsys.readouterr().err
     averager = trainers[0].plan.averager
     assert averager.families == [hidden] and averager.noises == [] and averager.count == 4
@@ -248,7 +253,8 @@ def test_auto_average_covers_the_hidden_layers_of_all_beside_the_exact_finish(mo
 
     monkeypatch.setattr(fit_module, "TrainingStep", Recorded)
     dgp = _dgp(X)
-    state = fit(dgp, X, y, num_steps=10, batch_size=40, natgrad=ps.infer.NaturalPolicy(layers="all"))  # progress shown; warnings: errors
+    state = fit(dgp, X, y, num_steps=10, batch_size=40,
+                natgrad=ps.infer.NaturalPolicy(layers="all"))  # progress shown; warnings: errors
     assert state.not_averaged == ["layer0.q_u"]
     plan = trainers[-1].plan
     assert plan.average == AUTO_HIDDEN_AVERAGE and plan.averager.families == [dgp.layers[0].q_u]

@@ -367,7 +367,8 @@ def test_fit_step_under_a_pyro_elbo_is_natgrad_from_grads_on_the_same_gradients(
             seen.append(idx)
             return X[idx], y[idx]
 
-    fit(gp, Recorded(), num_steps=1, batch_size=N, lr=1e-3, natgrad=ps.infer.NaturalPolicy(lr=0.05, retraction=True), elbo=TraceMeanField_ELBO(), progress=False)  # the positive-definite step: a one-sample gradient never damps
+    fit(gp, Recorded(), num_steps=1, batch_size=N, lr=1e-3, natgrad=ps.infer.NaturalPolicy(lr=0.05, retraction=True),
+        elbo=TraceMeanField_ELBO(), progress=False)  # the positive-definite step: a one-sample gradient never damps
     idx = seen[-1]
     pyro.set_rng_seed(0)  # fit's seed=0 at a fresh run's start
     TraceMeanField_ELBO().differentiable_loss(replica.model, replica.guide, X[idx], y[idx], num_data=N).backward()

@@ -78,7 +78,8 @@ def test_one_full_batch_step_of_length_one_lands_on_the_optimal_qu(store, whiten
     gp = _gp(whiten)
     reference = _gp(whiten)
     dgp = DeepGP([gp], marginalize_last=True)
-    svi = SVI(dgp.model, dgp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad=ps.infer.NaturalPolicy(lr=1.0, retraction=False)),
+    svi = SVI(dgp.model, dgp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}),
+                                                    natgrad=ps.infer.NaturalPolicy(lr=1.0, retraction=False)),
               TraceMeanField_ELBO())  # the plain step: exact with a deterministic ELBO
     before = _qu(gp)
     svi.step(X, y)
@@ -118,7 +119,8 @@ def test_with_the_layers_own_model_a_step_is_right_on_average_over_particles():
             for r, s0 in zip(raws, start, strict=True):
                 r.copy_(s0)
         elbo = Trace_ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=1)
-        SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad=ps.infer.NaturalPolicy(lr=1.0, retraction=False)),
+        SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad=ps.infer.NaturalPolicy(lr=1.0,
+                                                                                                             retraction=False)),
             elbo).step(X, y)
         draws.append(_natural(gp.q_u).double())
     draws = torch.stack(draws)  # [12, 27]
@@ -163,7 +165,8 @@ def test_the_readme_recipe_converges_with_a_one_sample_trace_elbo(seed):
     adam = _svi_loss_per_point(pyro.optim.Adam({"lr": 0.01}), seed, X, y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ps.infer.natgrad.NatGradDampingWarning)
-        plain = _svi_loss_per_point(NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=ps.infer.NaturalPolicy(lr=0.1, retraction=False)),
+        plain = _svi_loss_per_point(NaturalGradient(pyro.optim.Adam({"lr": 0.01}),
+                                                    natgrad=ps.infer.NaturalPolicy(lr=0.1, retraction=False)),
                                     seed, X, y)
     assert math.isfinite(nat) and nat < adam
     assert not plain < 1e3  # diverged (or NaN)
@@ -310,7 +313,8 @@ def test_a_length_one_step_on_a_deep_gps_last_layer_lands_on_its_dense_optimum()
                      mean_function=ps.mean_functions.Identity(), name="hidden")
     last = _gp(True)
     dgp = DeepGP([hidden, last], marginalize_last=True)
-    optim = NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad=ps.infer.NaturalPolicy(lr=1.0, retraction=False), families=[last.q_u])
+    optim = NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad=ps.infer.NaturalPolicy(lr=1.0, retraction=False),
+                            families=[last.q_u])
     before = _qu(last)
     SVI(dgp.model, dgp.guide, optim, TraceMeanField_ELBO(max_plate_nesting=2)).step(X, y)
     m, S = _dense_optimum(last, X, y)

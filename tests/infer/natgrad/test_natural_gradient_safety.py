@@ -81,14 +81,16 @@ def test_fit_first_step_lands_on_the_optimal_q_of_its_batch():
         A = torch.linalg.solve_triangular(torch.linalg.cholesky(Kuu), gp.kernel(gp.Z, X), upper=False)
         S = torch.linalg.inv(torch.eye(6) + A @ A.mT / s2)
         m = S @ A @ y / s2
-    fit(gp, X, y, num_steps=1, batch_size=len(X), progress=False, natgrad=ps.infer.NaturalPolicy(finish=None))  # the step itself
+    fit(gp, X, y, num_steps=1, batch_size=len(X), progress=False,
+        natgrad=ps.infer.NaturalPolicy(finish=None))  # the step itself
     with torch.no_grad():
         Sq = gp.q_u.u_scale_tril @ gp.q_u.u_scale_tril.mT
         tol = 1e-7 if torch.get_default_dtype() == torch.float64 else 2e-3
         assert torch.allclose(gp.q_u.u_loc.reshape(-1), m, atol=tol), (gp.q_u.u_loc, m)
         assert torch.allclose(Sq.reshape(6, 6), S, atol=tol)
     gp2 = ps.SVGP(RBF(1, lengthscale=torch.tensor(0.7)), X[:6].clone(), ps.Gaussian(0.2))
-    fit(gp2, X, y, num_steps=1, batch_size=len(X), progress=False, natgrad=ps.infer.NaturalPolicy(warmup=0, finish=None))  # constant: 10% of the way
+    fit(gp2, X, y, num_steps=1, batch_size=len(X), progress=False, natgrad=ps.infer.NaturalPolicy(warmup=0,
+                                                                                                  finish=None))  # constant: 10% of the way
     with torch.no_grad():
         assert (gp2.q_u.u_loc.reshape(-1) - m).norm() > 0.1 * m.norm()  # (0.46 of 1.64 here)
 
@@ -235,7 +237,8 @@ def test_fit_average_writes_the_polyak_average_of_natural_parameters_and_noise()
             prec = torch.linalg.inv(Lq @ Lq.mT)
             seen.append((prec @ m, prec, gp.likelihood.noise.detach().double()))
 
-    fit(gp, X, y, num_steps=steps, batch_size=16, natgrad=ps.infer.NaturalPolicy(lr=0.2, average=frac), callback=record, progress=False,
+    fit(gp, X, y, num_steps=steps, batch_size=16, natgrad=ps.infer.NaturalPolicy(lr=0.2, average=frac),
+        callback=record, progress=False,
         sync_every=1)  # the callback reads each iterate (on a GPU the default syncs every 20 steps)
     assert len(seen) == steps - start
     eta = sum(s[0] for s in seen) / len(seen)
@@ -318,7 +321,8 @@ def test_averaging_lowers_the_spread_of_the_final_bound_across_seeds():
                 with torch.no_grad():
                     last.append(gp.analytic_elbo(X, y).item() / len(X))
 
-        fit(gp, X, y, num_steps=steps, batch_size=8, natgrad=ps.infer.NaturalPolicy(lr=0.5, average=0.5), seed=seed, callback=at_end,
+        fit(gp, X, y, num_steps=steps, batch_size=8, natgrad=ps.infer.NaturalPolicy(lr=0.5, average=0.5), seed=seed,
+            callback=at_end,
             progress=False)
         with torch.no_grad():
             avg.append(gp.analytic_elbo(X, y).item() / len(X))
@@ -434,7 +438,8 @@ def test_non_conjugate_likelihoods_take_safe_natural_steps(kind):
     Z = X[:8].clone()
     gp = ps.SVGP(RBF(2, lengthscale=torch.tensor(1.0)), Z, lik, num_outputs=K, whiten=True)
     start = _bound(gp, X, y)
-    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=ps.infer.NaturalPolicy(lr=0.2, warmup=5, retraction=True))
+    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=ps.infer.NaturalPolicy(lr=0.2, warmup=5,
+                                                                                        retraction=True))
     svi = SVI(gp.model, gp.guide, opt, TraceMeanField_ELBO(num_particles=4, vectorize_particles=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error", NatGradDampingWarning)
@@ -464,7 +469,8 @@ def test_two_layer_deep_gp_takes_natural_steps_on_every_layer():
             return sum(dgp.analytic_elbo(X, y).item() for _ in range(4)) / 4 / len(X)
 
     start = bound()
-    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=ps.infer.NaturalPolicy(lr=0.1, warmup=5, retraction=True), families=fams)
+    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=ps.infer.NaturalPolicy(lr=0.1, warmup=5,
+                                                                                        retraction=True), families=fams)
     svi = SVI(dgp.model, dgp.guide, opt, TraceMeanField_ELBO(num_particles=2, vectorize_particles=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error", NatGradDampingWarning)

@@ -81,7 +81,8 @@ def test_fit_decays_adam_and_the_natural_steps_together_over_the_last_half():
 
     steps_module.TrainingStep.update = update
     try:
-        ps.infer.fit(gp, X, y, num_steps=40, batch_size=100, lr=0.02, progress=False, natgrad=ps.infer.NaturalPolicy(finish=None))
+        ps.infer.fit(gp, X, y, num_steps=40, batch_size=100, lr=0.02, progress=False,
+                     natgrad=ps.infer.NaturalPolicy(finish=None))
     finally:
         steps_module.TrainingStep.update = real
     for step, adam_lr, nat_lr in seen:
@@ -137,7 +138,8 @@ def test_a_collapse_in_fit_halves_the_steps_and_says_so(monkeypatch, capsys):
 
     monkeypatch.setattr(guard_module.StepGuard, "record", record)
     seen = []
-    ps.infer.fit(gp, X, y, num_steps=40, batch_size=100, callback=lambda s, l: seen.append(l), natgrad=ps.infer.NaturalPolicy(cooldown=None, finish=None))
+    ps.infer.fit(gp, X, y, num_steps=40, batch_size=100, callback=lambda s, l: seen.append(l),
+                 natgrad=ps.infer.NaturalPolicy(cooldown=None, finish=None))
     err = capsys.readouterr().err
     assert "fit: step 31: the bound collapsed on 2 batches in a row; every step length is now 0.5" in err, err
 
