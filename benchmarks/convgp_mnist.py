@@ -190,7 +190,7 @@ def train(gp, Xtr, ytr, args, on_step):
     while done < args.iters:
         n = min(args.anneal_every, args.iters - done)
         offset = done
-        fit(gp, Xtr, ytr, num_steps=n, batch_size=args.batch, lr=lr, natgrad_lr=args.natgrad, seed=1 + done,
+        fit(gp, Xtr, ytr, num_steps=n, batch_size=args.batch, lr=lr, natgrad=args.natgrad, seed=1 + done,
             progress=False, callback=lambda step, loss, o=offset: on_step(o + step, loss))
         done, lr = done + n, lr * 0.25
 

@@ -8,11 +8,11 @@ Contenders, run alternately (bare, fit, fit with progress bar, fit with natural 
 
 * ``bare``: ``opt.zero_grad(); loss = -gp.analytic_elbo(X[idx], y[idx], num_data=N); loss.backward(); opt.step()``
   with ``idx`` slices of a random permutation (the step that ``fit`` takes by default, with its batching).
-* ``fit``: ``fit(gp, X, y, num_steps=..., batch_size=1024, natgrad_lr=None, progress=False)`` continuing the same
+* ``fit``: ``fit(gp, X, y, num_steps=..., batch_size=1024, natgrad=None, progress=False)`` continuing the same
   module: the same step as ``bare`` (Adam on everything; its per-call set-up, a fresh Adam and the data checks, is
   included and spread over the chunk).
 * ``fit_bar``: the same with ``progress=True`` (the bar rendered into a null stream).
-* ``fit_nat``: ``fit``'s default for this model (``natgrad_lr="auto"`` = 0.1): natural-gradient steps on q(u) and a
+* ``fit_nat``: ``fit``'s default for this model (``natgrad="auto"`` = 0.1): natural-gradient steps on q(u) and a
   Fisher-scoring step on the noise from the same backward pass, Adam on the rest.
 * ``nat_only``: ``natgrad_from_grads_(gp.q_u, 0.1)`` alone (on gradients left by a backward pass, not timed).
 
@@ -71,7 +71,7 @@ class Bench:
 
     def fit_bar(self):
         with contextlib.redirect_stderr(io.StringIO()):
-            self.fit("fit_bar", progress=True, natgrad_lr=None)
+            self.fit("fit_bar", progress=True, natgrad=None)
 
     def nat_only(self):
         """Seconds spent in the natural-gradient steps alone (the backward passes that feed them are not timed)."""
@@ -87,7 +87,7 @@ class Bench:
         return total
 
     def run(self, chunks):
-        fns = {"bare": self.bare, "fit": lambda: self.fit("fit", progress=False, natgrad_lr=None),
+        fns = {"bare": self.bare, "fit": lambda: self.fit("fit", progress=False, natgrad=None),
                "fit_bar": self.fit_bar, "fit_nat": lambda: self.fit("fit_nat", progress=False)}
         for f in fns.values():  # warm-up
             f()

@@ -5,7 +5,7 @@ on disk (:class:`pyro_sparsegp.data_stream.MemmapDataset`), peak resident memory
 
 For each N the data ``[N, 9]`` float32 (8 inputs and a target; 10^7 rows = 360 MB) is written in chunks to a file in
 a temporary folder (``--dir``, default the system's), then a fresh Python subprocess builds an SVGP (M = 128) and runs
-``fit(gp, dataset=MemmapDataset(path), num_steps=S, batch_size=1024)`` and prints its peak resident set size (``VmHWM``
+``fit(gp, MemmapDataset(path), num_steps=S, batch_size=1024)`` and prints its peak resident set size (``VmHWM``
 of ``/proc/self/status``; ``ru_maxrss`` where that is missing) and the file's size. The file is read by batches of
 indices only (positional reads, see :mod:`pyro_sparsegp.data_stream`); the page cache that the kernel keeps for it
 is not the process's resident memory.
@@ -54,7 +54,7 @@ torch.manual_seed(0)
 Z = ds[torch.randint(len(ds), (128,))][0]  # not randperm(N): O(N) memory
 gp = ps.SVGP(RBF(ds.num_features, lengthscale=torch.ones(ds.num_features)), Z, ps.Gaussian(0.1))
 t = time.perf_counter()
-state = fit(gp, dataset=ds, num_steps=steps, batch_size=1024, lr=0.01, progress=False)
+state = fit(gp, ds, num_steps=steps, batch_size=1024, lr=0.01, progress=False)
 print(json.dumps({"seconds": time.perf_counter() - t, "peak_rss_mb": peak_mb(), "loss": state.losses[-1]}))
 """
 

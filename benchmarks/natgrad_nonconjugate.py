@@ -17,9 +17,9 @@ variance 1, length-scale sqrt(median pairwise distance) (``benchmarks/multiclass
 one set of inducing inputs shared by the classes); ``lik`` robust-max (epsilon 1e-3) or softmax. Methods:
 
 * ``ep``: ``ps.infer.fit_ep`` (robust-max only; its defaults: 250 damped batch iterations with hyperparameter steps);
-* ``adam``: ``fit(natgrad_lr=None)``: Adam (lr 0.01) on everything (the default for these likelihoods before);
-* ``nat_plain``: ``fit(natgrad_lr=0.1, natgrad_warmup=0, natgrad_retraction=False)``: the plain natural step;
-* ``nat_auto``: ``fit(natgrad_lr="auto")``: length 0.1, the positive-definite step, a 5-step warm-up (the paper's);
+* ``adam``: ``fit(natgrad=None)``: Adam (lr 0.01) on everything (the default for these likelihoods before);
+* ``nat_plain``: ``fit(natgrad=ps.infer.NaturalPolicy(lr=0.1, warmup=0, retraction=False))``: the plain natural step;
+* ``nat_auto``: ``fit(natgrad="auto")``: length 0.1, the positive-definite step, a 5-step warm-up (the paper's);
 * ``nat_auto_avg``: as ``nat_auto`` with ``average=0.25`` (the last quarter's iterates averaged);
 
 all through ``fit`` on the full batch (1,200) with the closed-form bound for ``--steps`` steps. Metrics: test
@@ -29,13 +29,13 @@ accuracy and mean negative log-likelihood of the predictive class probabilities,
 (Salimbeni & Deisenroth 2017: inputs and targets standardised on the training rows, M = 100 per layer, hidden width
 min(30, D) = 8, hidden q(u) scaled by 1e-5, Adam 0.01, minibatch 1000, 5 samples) reduced to ``--dgp-steps`` steps
 and the seeds ``--dgp-seeds`` (initialisation and minibatch order; only split 0 ships with the package). Methods:
-``default`` (``fit``'s default: natural steps on the last layer only) and ``nat_all`` (``natgrad_layers="all"``:
-every layer, the hidden layers from half the steps on, ``natgrad_hidden_start="auto"``, with Adam on them before,
+``default`` (``fit``'s default: natural steps on the last layer only) and ``nat_all`` (``layers="all"``:
+every layer, the hidden layers from half the steps on, ``hidden_start="auto"``, with Adam on them before,
 and their iterates averaged over the last tenth of the steps before the exact finish of the last layer,
 ``average="auto"``; hidden layers take the positive-definite step); ``--dgp-methods`` adds ``nat_all_last``
 (``nat_all`` without the average, ``average=None``), ``nat_all_start`` (every layer from the first step and no
 average: what ``"all"`` did before), ``nat_all_80`` (the hidden layers from 80% of the steps, no average),
-``default_avg`` (the default with the hidden layers' average: ``natgrad_layers="all"`` with the hidden layers joining
+``default_avg`` (the default with the hidden layers' average: ``layers="all"`` with the hidden layers joining
 at the last step, i.e. Adam on them throughout, ``average=0.1``) and ``nat_late`` (the default for the first half of
 the steps, then every layer: two ``fit`` calls, so Adam's state restarts at the switch). Metrics: test log-likelihood
 (100-sample predictive mixture) and RMSE in the original units, the training bound per point (Salimbeni's estimator
@@ -81,19 +81,19 @@ from pyro_sparsegp.deep import build_deep_gp  # noqa: E402
 from pyro_sparsegp.infer.natgrad import NatGradDampingWarning  # noqa: E402
 
 VI = {
-    "adam": dict(natgrad_lr=None),
-    "nat_plain": dict(natgrad_lr=0.1, natgrad_warmup=0, natgrad_retraction=False),
-    "nat_auto": dict(natgrad_lr="auto"),
-    "nat_auto_avg": dict(natgrad_lr="auto", average=0.25),
+    "adam": dict(lr=None),
+    "nat_plain": dict(lr=0.1, warmup=0, retraction=False),
+    "nat_auto": dict(lr="auto"),
+    "nat_auto_avg": dict(lr="auto", average=0.25),
 }
 # a DGP method: its phases, (fraction of the steps, fit's options), each a fit call continuing from the last
-DGP = {"default": [(1.0, {})], "nat_all": [(1.0, dict(natgrad_layers="all"))],
-       "nat_all_last": [(1.0, dict(natgrad_layers="all", average=None))],  # no average of the hidden layers
-       "nat_all_start": [(1.0, dict(natgrad_layers="all", natgrad_hidden_start=0, average=None))],
-       "nat_all_80": [(1.0, dict(natgrad_layers="all", natgrad_hidden_start=0.8, average=None))],  # a fraction
+DGP = {"default": [(1.0, {})], "nat_all": [(1.0, dict(layers="all"))],
+       "nat_all_last": [(1.0, dict(layers="all", average=None))],  # no average of the hidden layers
+       "nat_all_start": [(1.0, dict(layers="all", hidden_start=0, average=None))],
+       "nat_all_80": [(1.0, dict(layers="all", hidden_start=0.8, average=None))],  # a fraction
        # the default with the hidden layers' average: they never join the natural steps (Adam throughout)
-       "default_avg": [(1.0, dict(natgrad_layers="all", natgrad_hidden_start=1.0, average=0.1))],
-       "nat_late": [(0.5, {}), (0.5, dict(natgrad_layers="all", natgrad_hidden_start=0, average=None))]}
+       "default_avg": [(1.0, dict(layers="all", hidden_start=1.0, average=0.1))],
+       "nat_late": [(0.5, {}), (0.5, dict(layers="all", hidden_start=0, average=None))]}
 
 
 def load_digits_split():
@@ -149,7 +149,7 @@ def digits_rows(args) -> list:
             secs, fail = _run(lambda _, gp=gp: ps.infer.fit_ep(gp, X, y, progress=False))
         else:
             secs, fail = _run(lambda _, gp=gp, m=method, s=steps: ps.infer.fit(
-                gp, X, y, num_steps=s, batch_size=len(X), progress=False, **VI[m]))
+                gp, X, y, num_steps=s, batch_size=len(X), progress=False, natgrad=ps.infer.NaturalPolicy(**VI[m])))
         with torch.no_grad():
             pred = gp.predict(Xt, full=True)[2]
             acc = (pred.probs.argmax(-1) == yt.long()).double().mean().item()
@@ -193,11 +193,11 @@ def dgp_row(args, model: str, seed: int, method: str, steps: int) -> dict:
         done = 0
         for i, (fraction, options) in enumerate(DGP[method]):
             n = steps - done if i == len(DGP[method]) - 1 else round(fraction * steps)
-            if isinstance(options.get("natgrad_hidden_start"), float):  # a fraction of the phase's steps
-                options = options | {"natgrad_hidden_start": round(options["natgrad_hidden_start"] * n)}
+            if isinstance(options.get("hidden_start"), float):  # a fraction of the phase's steps
+                options = options | {"hidden_start": round(options["hidden_start"] * n)}
             kept[:] = ps.infer.fit(dgp, X, y, num_steps=n, batch_size=1000, lr=0.01, elbo="analytic",
                                    seed=seed + done, progress=False, callback=callback(caught, done),
-                                   **options).not_averaged
+                                   natgrad=ps.infer.NaturalPolicy(**options)).not_averaged
             done += n
 
     secs, fail = _run(train)

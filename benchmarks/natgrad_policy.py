@@ -176,7 +176,7 @@ def run(task: str, method: str, seed: int, quick: bool, every: int, steps: int |
     t = time.perf_counter()
     failure = ""
     try:
-        ps.infer.fit(module, X, y, natgrad_lr=METHODS[method], seed=seed, progress=False, callback=callback,
+        ps.infer.fit(module, X, y, natgrad=METHODS[method], seed=seed, progress=False, callback=callback,
                      **kwargs)
     except ps.infer.NonFiniteLossError as exc:
         failure = f"NonFiniteLossError at step {exc.step}"

@@ -241,7 +241,7 @@ def main():
                 gp = build(kind, X, M, perm)
                 t0 = time.perf_counter()
                 fit(gp, X, y, num_steps=steps, batch_size=1024, lr=0.01, progress=False, seed=s, elbo=elbo,
-                    finish=None if args.finish == "none" else "auto")
+                    natgrad=ps.infer.NaturalPolicy(finish=None if args.finish == "none" else "auto"))
                 secs = time.perf_counter() - t0
                 ll, rmse = evaluate(gp, Xt, yt)
                 M2 = {"svgp_M": 0, "svgp_2M": 0, "odvgp_M+8M": 8 * M}.get(kind, M)

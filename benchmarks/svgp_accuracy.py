@@ -21,7 +21,7 @@ Rows:
 * ``ours_an`` (extra): ``-SVGP.analytic_elbo`` (the closed-form bound GPyTorch also optimises), Adam.
 * ``ours_fit`` (extra): ``ps.infer.fit(gp, X, y, ...)`` with defaults (integrate_f=False): the package's training
   loop with its own minibatch order; its time includes fit's per-step bookkeeping.
-* ``ours_nat`` (extra): ``ps.infer.fit(..., natgrad_lr=0.1)``: natural-gradient steps on q(u), Adam on the rest.
+* ``ours_nat`` (extra): ``ps.infer.fit(..., natgrad=0.1)``: natural-gradient steps on q(u), Adam on the rest.
 * ``gpytorch``: ``ApproximateGP`` + ``CholeskyVariationalDistribution`` + the faster of ``VariationalStrategy`` and
   ``LargeBatchVariationalStrategy`` (timed on 6 alternating steps at start), ``ScaleKernel(RBFKernel(ard))``,
   ``GaussianLikelihood``, ``VariationalELBO(num_data=N)``, learnable inducing points.
@@ -113,7 +113,7 @@ def run_ours_fit(mode, X, y, Xt, yt, Z, steps, batch, every, lr):
 
     clock[1] = time.perf_counter()
     ps.infer.fit(gp, X, y, num_steps=steps, batch_size=batch, lr=lr, progress=False, callback=callback,
-                 natgrad_lr=0.1 if mode == "ours_nat" else None)
+                 natgrad=0.1 if mode == "ours_nat" else None)
     clock[0] += time.perf_counter() - clock[1]  # fit's exact finish (ours_nat), timed as training
     trace.append((steps, clock[0], evaluate()))  # the model fit returned: the curve's last point
     return trace

@@ -16,7 +16,7 @@ minibatches of 256, whitened q(u) at the prior. Contenders, each for ``--steps``
 * ``svi_natgrad``: the program of ``docs/composing.md``: ``lengthscale ~ LogNormal(0, 1)`` per input,
   ``variance ~ LogNormal(0, 1)``, ``noise ~ LogNormal(-2, 1)`` as ``PyroSample`` attributes;
   ``AutoGuideList(gp.model, create_plates=gp.create_plates)`` with ``AutoNormal`` on those sites, then ``gp.guide``;
-  ``SVI(gp.model, guide, NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1), elbo)`` with the ELBO of
+  ``SVI(gp.model, guide, NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.1), elbo)`` with the ELBO of
   ``docs/composing.md``, ``TraceMeanField_ELBO(num_particles=8, vectorize_particles=True, max_plate_nesting=1)``
   (the optimiser's defaults: the positive-definite step).
 * ``svi_natgrad_1p``: the same with one particle (``TraceMeanField_ELBO()``): noisier natural steps, whose outcome
@@ -78,7 +78,7 @@ def run_svi(X, y, Xt, yt, Z, steps, seed, natgrad, particles=8, natgrad_lr=0.1):
     guide = AutoGuideList(gp.model, create_plates=gp.create_plates)
     guide.append(AutoNormal(poutine.block(gp.model, expose_fn=lambda m: m["name"].startswith(hyper))))
     guide.append(gp.guide)
-    optim = (ps.infer.NaturalGradient(pyro.optim.Adam({"lr": LR}), natgrad_lr=natgrad_lr) if natgrad
+    optim = (ps.infer.NaturalGradient(pyro.optim.Adam({"lr": LR}), natgrad=natgrad_lr) if natgrad
              else pyro.optim.Adam({"lr": LR}))
     elbo = TraceMeanField_ELBO(num_particles=particles, vectorize_particles=particles > 1, max_plate_nesting=1)
     svi = SVI(gp.model, guide, optim, elbo)

@@ -40,7 +40,7 @@ METHODS = {"ng0.1": (0.1, 0), "ng0.1_warmup5": (0.1, 5), "ng0.01": (0.01, 0), "n
 def _optim(method):
     lr, warmup = METHODS[method]
     adam = pyro.optim.Adam({"lr": 0.01})
-    return adam if lr is None else ps.infer.NaturalGradient(adam, natgrad_lr=lr, warmup=warmup)
+    return adam if lr is None else ps.infer.NaturalGradient(adam, natgrad=ps.infer.NaturalPolicy(lr=lr, warmup=warmup))
 
 
 def grid_data(N=2000):

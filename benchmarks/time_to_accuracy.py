@@ -169,7 +169,7 @@ def run_ours(X, y, Xt, yt, Z, steps, every, y_std, natgrad_lr="auto", elbo=None,
     trace = Trace(evaluate, every, math.ceil(len(X) / B), start=clock)
     # on a GPU fit reads the loss back every `every` steps (its windows then end where the evaluations fall)
     sync = every if DEVICE.type == "cuda" else 1
-    fit(gp, X, y, num_steps=steps, batch_size=B, lr=LR, natgrad_lr=natgrad_lr, elbo=elbo, progress=False,
+    fit(gp, X, y, num_steps=steps, batch_size=B, lr=LR, natgrad=natgrad_lr, elbo=elbo, progress=False,
         sync_every=sync, **options,
         callback=lambda step, loss: trace.tick(final=step == steps, epoch_ends=sync == 1))
     trace.close()

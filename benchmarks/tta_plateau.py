@@ -78,7 +78,7 @@ def _options(name: str):
         elif part.startswith("cool"):
             kw["cooldown"] = int(part[4:]) / 100
         elif part.startswith("ng"):
-            kw["natgrad_lr"] = int(part[2:]) / 100
+            kw["lr"] = int(part[2:]) / 100
         else:
             raise SystemExit(f"unknown variant {part!r} (module docstring)")
     return kw, start, patches
@@ -110,7 +110,8 @@ def run_variant(name, X, y, Xt, yt, Z, steps, every, y_std, diagnose=0, seed=0):
     with contextlib.ExitStack() as stack:
         for obj, attr, value in patches:
             stack.enter_context(_patched(obj, attr, value))
-        fit(gp, X, y, num_steps=steps, batch_size=B, lr=LR, progress=False, seed=seed, **kw,
+        fit(gp, X, y, num_steps=steps, batch_size=B, lr=LR, progress=False, seed=seed,
+            natgrad=ps.infer.NaturalPolicy(**kw),
             callback=lambda step, loss: trace.tick(final=step == steps))
     trace.close()
     return trace, noises, finished

@@ -45,7 +45,7 @@ def main(argv=None):
         num_steps=args.steps,
         batch_size=args.batch,
         lr=0.02,
-        natgrad_lr=0.1,
+        natgrad=0.1,
         progress=not args.no_progress,
     )
     seconds = time.perf_counter() - t0

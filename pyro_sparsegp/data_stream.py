@@ -1,5 +1,5 @@
 """Data sets larger than memory: a batch-reading :class:`MemmapDataset` over a ``.npy`` file on disk, for
-:func:`pyro_sparsegp.infer.fit` (``fit(gp, dataset=MemmapDataset(path))``).
+:func:`pyro_sparsegp.infer.fit` (``fit(gp, MemmapDataset(path))``).
 
 ``fit`` draws the indices of each minibatch (``idx`` ``[B]``, a random permutation per epoch) and calls
 ``dataset[idx]``; the dataset reads those rows, and nothing else, from the memory-mapped file. Resident memory is

@@ -95,7 +95,7 @@ def as_tensor(x, name: str, dtype: torch.dtype | None = None, device=None, float
         else:
             raise TypeError(
                 f"{name} must be a torch.Tensor, a numpy array, a list of numbers or a pandas DataFrame/Series, got "
-                f"{_type_name(x)} (data on disk: fit(..., dataset=MemmapDataset(...)))"
+                f"{_type_name(x)} (data on disk: fit(module, MemmapDataset(...)))"
             )
     if x.is_complex():
         raise TypeError(f"{name} must be real, got dtype {x.dtype}")

@@ -44,7 +44,7 @@ def train(X, y, Z, args, batch_size):
     t0 = time.perf_counter()
     # elbo="analytic": the closed-form bound on each minibatch (no sampling), so that the data-parallel and the
     # single-process runs can be compared number for number
-    state = ps.infer.fit(gp, X, y, num_steps=args.steps, batch_size=batch_size, lr=0.02, natgrad_lr=0.1,
+    state = ps.infer.fit(gp, X, y, num_steps=args.steps, batch_size=batch_size, lr=0.02, natgrad=0.1,
                          elbo="analytic", progress=False, seed=0)
     return gp, state, time.perf_counter() - t0
 

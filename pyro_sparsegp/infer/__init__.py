@@ -13,11 +13,13 @@ warn with a ``DeprecationWarning`` that names the new place (:mod:`._moved`).
 
 from . import _moved
 from .ep import EPState, GFITCConvergenceWarning, GFITCState, MFSpState, fit_ep, fit_gfitc, fit_mfsp
-from .natgrad import NaturalGradient, natgrad_families
-from .training import EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
+from .natgrad import NaturalGradient, NaturalPolicy, natgrad_families
+from .training import Checkpoint, EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
 
 __all__ = [
     "fit",
+    "NaturalPolicy",
+    "Checkpoint",
     "FitState",
     "NonFiniteLossError",
     "save_checkpoint",

@@ -15,7 +15,7 @@ __all__ = ["MODULES", "NAMES", "install", "moved_name"]
 
 #: old module (relative to ``pyro_sparsegp.infer``) -> new module
 MODULES = {
-    "fit": "training.fit", "batches": "training.batches", "checkpoint": "training.checkpoint",
+    "fit": "training.loop", "batches": "training.batches", "checkpoint": "training.checkpoint",
     "guard": "training.guard", "steps": "training.steps", "progress": "training.progress",
     "distributed": "training.distributed", "exact_finish": "training.exact_finish",
     "natural_gradient": "natgrad.optimizer", "natgrad_options": "natgrad.policy", "schedules": "natgrad.schedules",

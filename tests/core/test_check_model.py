@@ -151,7 +151,7 @@ def test_fit_raises_on_the_mistakes_before_training(kind):
 def test_natural_gradient_raises_at_the_first_step(kind):
     prog, X, y = _program(kind, right=False)
     before = _state(prog)
-    optim = ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1)
+    optim = ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.1)
     svi = SVI(prog.model, prog.guide, optim, _vectorised(4))
     with pytest.raises(ps.ModelShapeError, match=r"'y': batch shape \(4, 4, 16\)"):
         svi.step(X, y, subsample_size=B)
@@ -165,7 +165,7 @@ def test_the_corrected_programs_pass_and_train(kind):
     assert ps.check_model(prog.model, prog.guide, X, y, subsample_size=B) is None
     assert ps.check_model(prog.model, prog.guide, X, y, subsample_size=B, elbo=_vectorised(8)) is None
     assert _same(before, _state(prog)) and torch.equal(rng, torch.get_rng_state())
-    optim = ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1)
+    optim = ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.1)
     svi = SVI(prog.model, prog.guide, optim, _vectorised(4))
     losses = [svi.step(X, y, subsample_size=B) for _ in range(15)]
     assert sum(losses[-5:]) < sum(losses[:5]), losses
@@ -228,7 +228,7 @@ def test_a_deep_gp_by_hand_passes_and_trains():
     assert ps.check_model(model, guide, X, y) is None
     assert ps.check_model(model, guide, X, y, elbo=elbo) is None
     assert _unchanged(snapshot, hidden, out)
-    svi = SVI(model, guide, ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.01), elbo)
+    svi = SVI(model, guide, ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.01), elbo)
     losses = [svi.step(X, y) for _ in range(3)]  # the first step checks the program: it passes
     assert all(torch.isfinite(torch.tensor(losses)))
 
@@ -247,7 +247,7 @@ def test_a_hyperprior_with_an_autoguide_passes_and_trains():
     snapshot = _params_and_rng(hgp, guide)
     assert ps.check_model(hgp.model, guide, X, y, subsample_size=B) is None
     assert _unchanged(snapshot, hgp, guide)
-    optim = ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1)
+    optim = ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.1)
     svi = SVI(hgp.model, guide, optim, TraceMeanField_ELBO(num_particles=4, vectorize_particles=True))
     losses = [svi.step(X, y, subsample_size=B) for _ in range(3)]
     assert all(torch.isfinite(torch.tensor(losses)))
@@ -329,7 +329,7 @@ def test_natural_gradient_skips_a_program_without_layers():
     """A layer program traced while an optimiser waits (recorded), then SVI on a program with no layer: the record is
     another program's (none of SVI's parameters), so the first step does not check it."""
     prog, X, y = _program("squeeze", right=False)
-    optim = ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1)
+    optim = ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.1)
     with pyro.plate("num_particles_vectorized", 4, dim=-3):
         guide_trace = poutine.trace(prog.guide).get_trace(X, y, subsample_size=B)
         poutine.trace(poutine.replay(prog.model, trace=guide_trace)).get_trace(X, y, subsample_size=B)

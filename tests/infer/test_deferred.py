@@ -1,7 +1,7 @@
 """Deferred checks (``pyro_sparsegp.deferred``): ``fit`` on an accelerator reads nothing back inside a step; a
 failed factorisation or an inexact kernel flagged in a window makes ``fit`` redo the window with the remedy.
 
-The deferred path is what every device but the CPU takes; here it is forced on the CPU (``fit._DEFER_ON_CPU``)."""
+The deferred path is what every device but the CPU takes; here it is forced on the CPU (``loop._DEFER_ON_CPU``)."""
 
 import importlib
 import traceback
@@ -16,7 +16,7 @@ from pyro_sparsegp import deferred
 from pyro_sparsegp.deep import build_deep_gp
 from pyro_sparsegp.linalg import CholeskyJitterWarning, reset_warnings
 
-FIT = importlib.import_module("pyro_sparsegp.infer.training.fit")  # the module (``ps.infer.fit`` is the function)
+FIT = importlib.import_module("pyro_sparsegp.infer.training.loop")  # the module (``ps.infer.fit`` is the function)
 READS = ("__bool__", "item", "tolist", "__float__", "__int__", "__index__")
 
 
@@ -176,7 +176,7 @@ def test_a_non_finite_loss_is_still_named_in_deferred_mode(defer_on_cpu):
             return X[idx], y_bad[idx]
 
     with pytest.raises(ps.infer.NonFiniteLossError, match="step"):
-        ps.infer.fit(gp, dataset=Bad(), num_steps=8, batch_size=40, progress=False, sync_every=4)
+        ps.infer.fit(gp, Bad(), num_steps=8, batch_size=40, progress=False, sync_every=4)
 
 
 @pytest.mark.float64
@@ -212,7 +212,7 @@ def test_a_natural_step_to_damp_redoes_the_window_with_damping_at_once(monkeypat
         gp, yy = _module("bernoulli", X, y)
         with pytest.warns(NatGradDampingWarning, match="shortened to 0.25"):
             state = ps.infer.fit(gp, X, yy, num_steps=12, batch_size=40, progress=False, sync_every=4,
-                                 natgrad_lr=0.5)
+                                 natgrad=0.5)
         runs.append((state.losses, [p.detach().clone() for p in gp.parameters()]))
     assert len(runs[1][0]) == 12
     torch.testing.assert_close(torch.tensor(runs[1][0]), torch.tensor(runs[0][0]), rtol=1e-8, atol=1e-8)

@@ -93,7 +93,7 @@ def test_the_finish_is_a_stationary_point_of_the_layers_own_bound(kind, whiten):
     for (name, _), g in zip(named, grads, strict=True):
         assert g.abs().max() < 1e-6 * len(X), (name, g.abs().max())
     # and the check can fail: one minibatch step away from the finish, the gradient is far from zero
-    fit(gp, X, y, num_steps=1, batch_size=20, progress=False, finish=None, lr=1e-9)
+    fit(gp, X, y, num_steps=1, batch_size=20, progress=False, natgrad=ps.infer.NaturalPolicy(finish=None), lr=1e-9)
     grads = torch.autograd.grad(gp.analytic_elbo(X, y), params)
     assert max(g.abs().max() for g in grads) > 1e-3
 
@@ -145,7 +145,7 @@ def test_fit_finishes_exactly_by_default_and_the_full_data_bound_rises():
         fit(gp, X, y, **{"num_steps": 40, "batch_size": 50, "progress": False, **kw})
         return gp
 
-    last, finished = run(finish=None), run()
+    last, finished = run(natgrad=ps.infer.NaturalPolicy(finish=None)), run()
     with torch.no_grad():
         assert finished.analytic_elbo(X, y) > last.analytic_elbo(X, y)
         assert not torch.equal(finished.q_u.u_loc, last.q_u.u_loc)
@@ -155,10 +155,13 @@ def test_fit_finishes_exactly_by_default_and_the_full_data_bound_rises():
     exact_finish_(finished, [(X, y)])  # a fixed point: finishing twice changes nothing
     for a, b in zip(finished.parameters(), again, strict=True):
         torch.testing.assert_close(a.detach(), b, rtol=1e-5, atol=1e-6)
-    assert torch.equal(run(finish=None, natgrad_lr=None).q_u.u_loc, run(natgrad_lr=None).q_u.u_loc)  # Adam: off
+    assert torch.equal(run(natgrad=ps.infer.NaturalPolicy(lr=None, finish=None)).q_u.u_loc,
+                       run(natgrad=None).q_u.u_loc)  # Adam: off
     # under one epoch (5 x 50 of 600 rows) the pass would cost more than the training: "auto" leaves it out
-    assert torch.equal(run(finish=None, num_steps=5).q_u.u_loc, run(num_steps=5).q_u.u_loc)
-    assert not torch.equal(run(finish="exact", num_steps=5).q_u.u_loc, run(num_steps=5).q_u.u_loc)
+    assert torch.equal(run(natgrad=ps.infer.NaturalPolicy(finish=None), num_steps=5).q_u.u_loc,
+                       run(num_steps=5).q_u.u_loc)
+    assert not torch.equal(run(natgrad=ps.infer.NaturalPolicy(finish="exact"), num_steps=5).q_u.u_loc,
+                           run(num_steps=5).q_u.u_loc)
 
 
 def test_a_frozen_q_u_is_left_alone():
@@ -171,7 +174,7 @@ def test_a_frozen_q_u_is_left_alone():
     for a, b in zip(gp.q_u.parameters(), before, strict=True):
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="a variational family is frozen"):
-        fit(gp, X, y, num_steps=1, progress=False, finish="exact")
+        fit(gp, X, y, num_steps=1, progress=False, natgrad=ps.infer.NaturalPolicy(finish="exact"))
 
 
 def test_finish_is_off_for_a_loader_and_on_when_asked():
@@ -181,11 +184,11 @@ def test_finish_is_off_for_a_loader_and_on_when_asked():
     def run(**kw):
         torch.manual_seed(0)
         gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.5))
-        fit(gp, loader=loader, num_data=len(X), num_steps=12, progress=False, **kw)
+        fit(gp, loader, num_data=len(X), num_steps=12, progress=False, **kw)
         return gp
 
-    assert torch.equal(run().q_u.u_loc, run(finish=None).q_u.u_loc)
-    asked, last = run(finish="exact"), run(finish=None)
+    assert torch.equal(run().q_u.u_loc, run(natgrad=ps.infer.NaturalPolicy(finish=None)).q_u.u_loc)
+    asked, last = run(natgrad=ps.infer.NaturalPolicy(finish="exact")), run(natgrad=ps.infer.NaturalPolicy(finish=None))
     with torch.no_grad():
         assert asked.analytic_elbo(X, y) > last.analytic_elbo(X, y)
 
@@ -195,7 +198,7 @@ def test_a_drop_last_loader_is_named_in_the_finish_line(capsys):
     X, y = _data(N=300)
     gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.5))
     loader = DataLoader(TensorDataset(X, y), batch_size=80, drop_last=True)
-    fit(gp, loader=loader, num_data=300, num_steps=4, finish="exact")
+    fit(gp, loader, num_data=300, num_steps=4, natgrad=ps.infer.NaturalPolicy(finish="exact"))
     assert "on the 240 rows of one pass of the loader, scaled to num_data = 300" in capsys.readouterr().err
 
 
@@ -206,15 +209,16 @@ def test_a_skipped_finish_says_why_where_the_module_could_take_it(case, capsys):
     ``finish=None``) or where it finished."""
     X, y = _data(N=300)
     gp = ps.SVGP(RBF(2), X[:10].clone(), ps.Gaussian(noise=0.5))
-    kw = {"loader": dict(loader=DataLoader(TensorDataset(X, y), batch_size=50), num_data=300),
-          "adam": dict(X=X, y=y, natgrad_lr=None), "short": dict(X=X, y=y, batch_size=50),
-          "average": dict(X=X, y=y, average=0.5), "none": dict(X=X, y=y, finish=None),
+    kw = {"loader": dict(X=DataLoader(TensorDataset(X, y), batch_size=50), num_data=300),
+          "adam": dict(X=X, y=y, natgrad=None), "short": dict(X=X, y=y, batch_size=50),
+          "average": dict(X=X, y=y, natgrad=ps.infer.NaturalPolicy(average=0.5)),
+          "none": dict(X=X, y=y, natgrad=ps.infer.NaturalPolicy(finish=None)),
           "finished": dict(X=X, y=y)}[case]
     fit(gp, num_steps=3 if case == "short" else 12, **kw)
     err = capsys.readouterr().err
     said = [line for line in err.splitlines() if line.startswith("fit: no exact finish: ")]
-    want = {"loader": "from a loader", "adam": "natgrad_lr=None", "short": "0.5 of an epoch"}.get(case)
-    assert len(said) == (want is not None) and (want is None or (want in said[0] and 'finish="exact"' in said[0]))
+    want = {"loader": "from a loader", "adam": "natgrad=None", "short": "0.5 of an epoch"}.get(case)
+    assert len(said) == (want is not None) and (want is None or (want in said[0] and 'NaturalPolicy(finish="exact")' in said[0]))
     assert ("fit: exact finish" in err) == (case == "finished")
 
 
@@ -222,19 +226,19 @@ def test_finish_refuses_what_it_cannot_do():
     X, y = _data(N=100)
     gp = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(noise=0.5))
     with pytest.raises(ValueError, match="finish must be"):
-        fit(gp, X, y, num_steps=1, progress=False, finish="yes")
+        fit(gp, X, y, num_steps=1, progress=False, natgrad=ps.infer.NaturalPolicy(finish="yes"))
     with pytest.raises(ValueError, match="choose one"):
-        fit(gp, X, y, num_steps=1, progress=False, finish="exact", average=0.5)
+        fit(gp, X, y, num_steps=1, progress=False, natgrad=ps.infer.NaturalPolicy(average=0.5, finish="exact"))
     odvgp = ps.SOLVEGP(RBF(2), X[:5].clone(), X[5:10].clone(), ps.Gaussian(noise=0.5), odvgp=True)
     with pytest.raises(ValueError, match="the prior's covariance"):
-        fit(odvgp, X, y, num_steps=1, progress=False, finish="exact")
+        fit(odvgp, X, y, num_steps=1, progress=False, natgrad=ps.infer.NaturalPolicy(finish="exact"))
     hyper = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(noise=0.5))
     hyper.kernel.lengthscale = PyroSample(dist.LogNormal(0.0, 1.0))
     with pytest.raises(ValueError, match="RBF.lengthscale is a PyroSample"):
         ps.infer.training.exact_finish_(hyper, [(X, y)])
     with_mean = ps.SVGP(RBF(2), X[:5].clone(), ps.Gaussian(noise=0.5), mean_function=Constant())
     with pytest.raises(ValueError, match="it has a mean function"):
-        fit(with_mean, X, y, num_steps=1, progress=False, finish="exact")
+        fit(with_mean, X, y, num_steps=1, progress=False, natgrad=ps.infer.NaturalPolicy(finish="exact"))
     clf = ps.SVGP(RBF(2), X[:5].clone(), ps.Bernoulli())
     with pytest.raises(ValueError, match="its likelihood is Bernoulli, not Gaussian"):
         exact_finish_(clf, [(X, (y > 0).to(X.dtype))])
@@ -255,7 +259,8 @@ def test_a_checkpoint_holds_the_final_model_and_resumes_from_the_loop(tmp_path):
     for k, v in first.state_dict().items():  # "module" is the finished model the call returned
         assert torch.equal(saved["module"][k], v), k
     resumed = gp()
-    fit(resumed, X, y, num_steps=20, resume=str(tmp_path / "c.pt"), **kw)  # continues from the loop's iterate
+    fit(resumed, X, y, num_steps=20, checkpoint=ps.infer.Checkpoint(None, resume=str(tmp_path / "c.pt")),
+        **kw)  # continues from the loop's iterate
     for a, b in zip(resumed.parameters(), straight.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -295,7 +300,7 @@ def test_fit_finishes_a_deep_gps_last_layer_and_its_bound_rises():
         fit(deep, X, y, num_steps=20, batch_size=100, progress=False, **kw)
         return deep
 
-    last, finished = run(finish=None), run()
+    last, finished = run(natgrad=ps.infer.NaturalPolicy(finish=None)), run()
     finished_ids = {id(p) for p in finished.last.q_u.parameters()} | {id(finished.likelihood.noise_unconstrained)}
     for (name, a), b in zip(finished.named_parameters(), last.parameters(), strict=True):
         if id(a) not in finished_ids:
@@ -334,7 +339,7 @@ def test_a_finish_that_cannot_factorise_keeps_the_trained_state(monkeypatch):
 
     X, y = _data()
     ref = ps.SVGP(RBF(2), X[:8].clone(), ps.Gaussian(0.1), name="ref")
-    fit(ref, X, y, num_steps=10, batch_size=50, progress=False, finish=None)
+    fit(ref, X, y, num_steps=10, batch_size=50, progress=False, natgrad=ps.infer.NaturalPolicy(finish=None))
 
     def fails(*args, **kwargs):
         raise torch.linalg.LinAlgError("linalg.cholesky: the input is not positive-definite (forced)")
@@ -342,7 +347,8 @@ def test_a_finish_that_cannot_factorise_keeps_the_trained_state(monkeypatch):
     monkeypatch.setattr(finish_module, "_optimum", fails)
     gp = ps.SVGP(RBF(2), X[:8].clone(), ps.Gaussian(0.1), name="gp")
     with pytest.warns(RuntimeWarning, match=r"no exact finish: .*200-point optimum could not be factorised.*keeps"):
-        state = fit(gp, X, y, num_steps=10, batch_size=50, progress=False, finish="exact")
+        state = fit(gp, X, y, num_steps=10, batch_size=50, progress=False,
+                    natgrad=ps.infer.NaturalPolicy(finish="exact"))
     assert len(state.losses) == 10
     for (name, p), (_, q) in zip(gp.named_parameters(), ref.named_parameters(), strict=True):
         torch.testing.assert_close(p, q, msg=name)

@@ -41,7 +41,7 @@ def _same(a, b, tol=0.0):
 def test_fit_learns_a_function(natgrad_lr):
     X, y = _data()
     gp = _gp()
-    state = fit(gp, X, y, num_steps=300, batch_size=64, lr=0.03, natgrad_lr=natgrad_lr, progress=False)
+    state = fit(gp, X, y, num_steps=300, batch_size=64, lr=0.03, natgrad=natgrad_lr, progress=False)
     assert len(state.losses) == 300 and state.step == 300
     mean, _ = gp.predict(X)
     rmse = (mean - torch.sin(2 * X[:, 0])).pow(2).mean().sqrt()
@@ -89,7 +89,7 @@ def test_fit_accepts_a_dataloader_and_shows_progress(capsys):
     X, y = _data()
     gp = _gp()
     loader = DataLoader(TensorDataset(X, y), batch_size=50, shuffle=True, generator=torch.Generator(X.device))
-    state = fit(gp, loader=loader, num_data=len(X), num_steps=20, progress=True)
+    state = fit(gp, loader, num_data=len(X), num_steps=20, progress=True)
     assert state.step == 20
     err = capsys.readouterr().err
     assert re.search(r"fit: step 20/20 \(100%\)  elbo -?[0-9.]+", err), err
@@ -100,10 +100,10 @@ def test_a_loader_refuses_a_batch_size_and_a_num_data_smaller_than_its_batches()
     the whole data set, so one smaller than a batch (a likelihood scaled below 1) raises at the first batch."""
     X, y = _data()
     loader = DataLoader(TensorDataset(X, y), batch_size=50)
-    with pytest.raises(ValueError, match="a loader's batches are its own"):
-        fit(_gp(), loader=loader, num_data=len(X), num_steps=2, batch_size=50, progress=False)
+    with pytest.raises(ValueError, match="a DataLoader's batches are its own"):
+        fit(_gp(), loader, num_data=len(X), num_steps=2, batch_size=50, progress=False)
     with pytest.raises(ValueError, match="batch of 50 rows but num_data=10"):
-        fit(_gp(), loader=loader, num_data=10, num_steps=2, progress=False)
+        fit(_gp(), loader, num_data=10, num_steps=2, progress=False)
 
 
 def test_tensors_arrays_lists_datasets_and_memmaps_give_the_same_run(tmp_path):
@@ -117,14 +117,14 @@ def test_tensors_arrays_lists_datasets_and_memmaps_give_the_same_run(tmp_path):
     sources = [
         dict(X=X.cpu().numpy(), y=y.cpu().numpy()),
         dict(X=X.tolist(), y=y.tolist()),
-        dict(dataset=TensorDataset(X, y)),
-        dict(dataset=MemmapDataset(path)),
+        dict(X=TensorDataset(X, y), y=None),
+        dict(X=MemmapDataset(path), y=None),
     ]
     for src in sources:
         gp = _gp()
         fit(gp, **src, num_steps=12, batch_size=32, progress=False, seed=2)
         tol = 1e-3 if torch.get_default_dtype() == torch.float32 else 1e-10  # summation order
-        _same(ref, gp, tol if "dataset" in src and isinstance(src["dataset"], MemmapDataset) else 0.0)
+        _same(ref, gp, tol if isinstance(src["X"], MemmapDataset) else 0.0)
 
 
 def test_memmap_dataset_reads_the_rows_it_is_asked_for(tmp_path):
@@ -176,7 +176,7 @@ def test_a_diverging_learning_rate_names_the_step_and_leaves_a_model_that_predic
     for elbo in ["analytic", pyro.infer.TraceMeanField_ELBO()]:
         gp = _gp()
         with pytest.raises(NonFiniteLossError, match=r"at step \d+") as info:
-            fit(gp, X, y, num_steps=200, batch_size=64, lr=100.0, elbo=elbo, progress=False, natgrad_lr=None)
+            fit(gp, X, y, num_steps=200, batch_size=64, lr=100.0, elbo=elbo, progress=False, natgrad=None)
         assert 0 < info.value.step < 200
         assert info.value.restored_step is not None and info.value.restored_step < info.value.step
         mean, var = gp.predict(X)
@@ -197,7 +197,7 @@ def test_a_window_of_unsynchronised_steps_is_the_same_run_and_restores_its_start
     # a failure inside a window restores the parameters copied at the window's start
     gp = _gp()
     with pytest.raises(NonFiniteLossError, match=r"at step \d+") as info:
-        fit(gp, X, y, num_steps=200, batch_size=64, lr=100.0, progress=False, sync_every=5, natgrad_lr=None)
+        fit(gp, X, y, num_steps=200, batch_size=64, lr=100.0, progress=False, sync_every=5, natgrad=None)
     j = info.value.step
     assert info.value.restored_step == (j - j % 5 if j % 5 else j - 5)  # the window's start (the previous one's)
     assert len(info.value.state.losses) == j
@@ -208,7 +208,7 @@ def test_a_window_of_unsynchronised_steps_is_the_same_run_and_restores_its_start
 def test_checkpoint_resumes_identically(tmp_path, natgrad_lr):
     X, y = _data()
     straight = _gp()
-    kw = dict(batch_size=64, progress=False, seed=3, natgrad_lr=natgrad_lr)
+    kw = dict(batch_size=64, progress=False, seed=3, natgrad=natgrad_lr)
     fit(straight, X, y, num_steps=30, **kw)
 
     first = _gp()
@@ -217,7 +217,7 @@ def test_checkpoint_resumes_identically(tmp_path, natgrad_lr):
     resumed = _gp()
     with torch.no_grad():  # start from a different state to show the checkpoint overrides it
         resumed.q_u.u_loc_unconstrained.add_(1.0)
-    state = fit(resumed, X, y, num_steps=30, resume=str(path), **kw)
+    state = fit(resumed, X, y, num_steps=30, checkpoint=ps.infer.Checkpoint(None, resume=str(path)), **kw)
     assert state.step == 30 and len(state.losses) == 30
     _same(straight, resumed)
 
@@ -226,13 +226,13 @@ def test_solvegp_trains_with_natural_gradients():
     X, y = _data()
     gp = ps.SOLVEGP(RBF(1), torch.linspace(-3, 3, 6).unsqueeze(-1), torch.linspace(-2.7, 2.7, 6).unsqueeze(-1),
                     ps.Gaussian(0.5))
-    fit(gp, X, y, num_steps=200, batch_size=64, lr=0.03, natgrad_lr=0.5, progress=False)
+    fit(gp, X, y, num_steps=200, batch_size=64, lr=0.03, natgrad=0.5, progress=False)
     mean, _ = gp.predict(X)
     assert (mean - torch.sin(2 * X[:, 0])).pow(2).mean().sqrt() < 0.1
 
 
 def test_the_sampler_visits_every_point_once_per_epoch_in_memory_independent_of_n():
-    from pyro_sparsegp.infer.training.fit import _round_keys, permute_positions
+    from pyro_sparsegp.infer.training.batches import _round_keys, permute_positions
 
     for n in [1, 2, 3, 7, 64, 1000, 4099]:
         p = permute_positions(np.arange(n), n, _round_keys(5, 2))
@@ -309,7 +309,7 @@ def test_a_run_with_lazily_created_parameters_resumes_exactly(tmp_path):
     part = _RandomIntercepts(4)
     fit(part, X, y, num_steps=20, checkpoint=str(ckpt), **kw)
     resumed = _RandomIntercepts(4)
-    fit(resumed, X, y, num_steps=40, checkpoint=str(ckpt), resume=str(ckpt), **kw)
+    fit(resumed, X, y, num_steps=40, checkpoint=ps.infer.Checkpoint(str(ckpt), resume=True), **kw)
     for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
 
@@ -339,7 +339,8 @@ def test_the_fit_loop_keeps_to_the_house_rules():
     import pathlib
 
     folder = pathlib.Path(ps.__file__).parent / "infer" / "training"
-    for name in ["fit", "batches", "checkpoint", "guard", "distributed", "steps", "exact_finish", "progress"]:
+    for name in ["loop", "arguments", "batches", "checkpoint", "guard", "distributed", "steps", "exact_finish",
+                 "progress"]:
         src = (folder / f"{name}.py").read_text()
         assert len(src.splitlines()) <= 400 and "nonlocal" not in src, name
         for node in ast.walk(ast.parse(src)):

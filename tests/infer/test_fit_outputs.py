@@ -32,7 +32,7 @@ def test_the_noise_step_counts_the_observed_entries():
         obs = ~torch.isnan(y)
         target = (((y - mean) ** 2 + var)[obs].sum() / obs.sum()).item()  # the noise's optimum given q(f), S / n
     # one full-batch Fisher-scoring step of length 1 lands on S / n, with n the observed entries (not N L)
-    ps.infer.fit(gp, X, y, num_steps=1, natgrad_lr=1.0, natgrad_warmup=0, finish=None, progress=False)
+    ps.infer.fit(gp, X, y, num_steps=1, natgrad=ps.infer.NaturalPolicy(lr=1.0, warmup=0, finish=None), progress=False)
     assert gp.likelihood.noise.item() == pytest.approx(target, rel=1e-4 if F32 else 1e-9)
 
 
@@ -86,7 +86,7 @@ def test_the_deferred_fit_masks_as_the_immediate_fit(num_latents, monkeypatch):
     """On an accelerator ``fit`` reads nothing back inside a step (``pyro_sparsegp.deferred``), so the mask is formed
     on every minibatch, missing entries or not: the run equals the CPU's, which masks only where something is
     missing."""
-    fit_module = importlib.import_module("pyro_sparsegp.infer.training.fit")
+    fit_module = importlib.import_module("pyro_sparsegp.infer.training.loop")
     X, _, y = _problem()
     y[3:9, 1] = float("nan")
     runs = []

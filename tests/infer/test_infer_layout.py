@@ -11,7 +11,8 @@ import pytest
 import pyro_sparsegp as ps
 from pyro_sparsegp.infer import _moved
 
-USER_NAMES = {"fit", "FitState", "NonFiniteLossError", "save_checkpoint", "load_checkpoint", "EpochBatchSampler",
+USER_NAMES = {"fit", "NaturalPolicy", "Checkpoint", "FitState", "NonFiniteLossError", "save_checkpoint",
+              "load_checkpoint", "EpochBatchSampler",
               "NaturalGradient", "natgrad_families", "fit_ep", "EPState", "fit_gfitc", "GFITCState",
               "GFITCConvergenceWarning", "fit_mfsp", "MFSpState"}
 

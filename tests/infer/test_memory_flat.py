@@ -130,8 +130,8 @@ def run(ds, steps, batch_size=256, callback=None, finish="auto"):
     torch.manual_seed(0)
     Z = ds[torch.randint(len(ds), (M,))][0]
     gp = ps.SVGP(RBF(D, lengthscale=torch.ones(D)), Z, ps.Gaussian(0.1))
-    return fit(gp, dataset=ds, num_steps=steps, batch_size=batch_size, lr=0.01, progress=False, callback=callback,
-               finish=finish)
+    return fit(gp, ds, num_steps=steps, batch_size=batch_size, lr=0.01, progress=False, callback=callback,
+               natgrad=ps.infer.NaturalPolicy(finish=finish))
 
 
 def in_use():

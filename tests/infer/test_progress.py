@@ -75,8 +75,8 @@ def test_a_resumed_run_logs_the_same_elbo_as_an_uninterrupted_one(monkeypatch, t
         return _step_lines(buf.getvalue())[-1]
 
     whole = run(60)
-    run(50, checkpoint=tmp_path / "c.pt", checkpoint_every=50)
-    resumed = run(60, resume=tmp_path / "c.pt")
+    run(50, checkpoint=ps.infer.Checkpoint(tmp_path / "c.pt", every=50))
+    resumed = run(60, checkpoint=ps.infer.Checkpoint(None, resume=tmp_path / "c.pt"))
     assert whole.split("elbo ")[1].split()[0] == resumed.split("elbo ")[1].split()[0], (whole, resumed)
 
 

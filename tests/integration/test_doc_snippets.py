@@ -52,12 +52,12 @@ FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[^\s`]*)\s*$")
 SUBSTITUTIONS = [
     # fit(..., num_steps=2000) -> num_steps=20: a hundredth, between 2 and 20 (700 -> 7 stays below 2000 -> 20)
     (r"\bnum_steps=(\d[\d_]*)", lambda m: f"num_steps={min(20, max(2, int(m[1]) // 100))}"),
-    # fit(..., checkpoint_every=100) -> checkpoint_every=1: a hundredth too, at least 1
-    (r"\bcheckpoint_every=(\d[\d_]*)", lambda m: f"checkpoint_every={max(1, int(m[1]) // 100)}"),
+    # fit(..., checkpoint=ps.infer.Checkpoint("run.pt", every=100)) -> every=1: a hundredth too, at least 1
+    (r"\bevery=(\d[\d_]*)", lambda m: f"every={max(1, int(m[1]) // 100)}"),
     # a hand-written SVI loop: for step in range(1000) -> range(3)
     (r"\bfor step in range\(\d[\d_]*\)", "for step in range(3)"),
-    # NaturalGradient(..., average_from=1500) in such a loop -> average_from=1: the last 2 of the 3 steps averaged
-    (r"\baverage_from=\d[\d_]*", "average_from=1"),
+    # a hand-written SVI loop's step count: steps = 2000 -> steps = 3 (NaturalGradient(..., num_steps=steps))
+    (r"\bsteps = \d[\d_]*", "steps = 3"),
 ]
 
 _DATA = """
@@ -196,10 +196,10 @@ def test_blocks_reads_fences_and_skip_markers():
         (0, "python", None), (None, "bash", None), (1, "python", "pseudo-code with ... placeholders"),
         (2, "python", None)]
     assert found[0][2] == "a = 1\n" and found[3][2] == "b = a + 1\n"  # the list item's indent removed
-    shrunk = shrink("fit(gp, X, y, num_steps=20_000, checkpoint_every=100)")
-    assert shrunk == "fit(gp, X, y, num_steps=20, checkpoint_every=1)"
-    assert shrink("NaturalGradient(a, average_from=1500)\nfor step in range(2000):") == (
-        "NaturalGradient(a, average_from=1)\nfor step in range(3):")
+    shrunk = shrink("fit(gp, X, y, num_steps=20_000, checkpoint=ps.infer.Checkpoint(None, every=100))")
+    assert shrunk == "fit(gp, X, y, num_steps=20, checkpoint=ps.infer.Checkpoint(None, every=1))"
+    assert shrink("steps = 2000\nNaturalGradient(a, num_steps=steps)\nfor step in range(steps):") == (
+        "steps = 3\nNaturalGradient(a, num_steps=steps)\nfor step in range(steps):")
 
 
 def test_every_page_is_covered():

@@ -48,7 +48,7 @@ def test_float32_matches_float64():
 def test_float32_training_stays_finite():
     torch.set_default_dtype(torch.float32)
     X, y, gp = _build(torch.float32)
-    state = fit(gp, X, y, num_steps=150, batch_size=64, lr=0.03, natgrad_lr=0.3, progress=False)
+    state = fit(gp, X, y, num_steps=150, batch_size=64, lr=0.03, natgrad=0.3, progress=False)
     assert all(torch.isfinite(torch.tensor(state.losses)))
     mean, _ = gp.predict(X)
     assert mean.dtype == torch.float32

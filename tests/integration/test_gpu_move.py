@@ -28,7 +28,7 @@ def _model(kind, X, y):
         return ps.SOLVEGP(k(), X[:10].clone(), X[10:20].clone(), ps.Gaussian(0.1)), y, {}
     if kind == "robustmax":
         labels = (y > 0).long() + (X[:, 1] > 0).long()
-        return ps.SVGP(k(), X[:20].clone(), ps.RobustMax(3), num_outputs=3), labels, {"natgrad_lr": "auto"}
+        return ps.SVGP(k(), X[:20].clone(), ps.RobustMax(3), num_outputs=3), labels, {"natgrad": "auto"}
     return build_deep_gp(X, [2], ps.Gaussian(0.1), num_inducing=10, num_samples=2), y, {}
 
 
@@ -53,5 +53,5 @@ def test_a_shuffled_cpu_dataloader_feeds_a_gpu_module():
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=50, shuffle=True)
     gp = gp.to("cuda")
     with torch.device("cpu"):  # no default device here (the suite's CUDA pass sets one: docs/gpu.md's loader note)
-        state = ps.infer.fit(gp, loader=loader, num_data=len(X), num_steps=20, progress=False)
+        state = ps.infer.fit(gp, loader, num_data=len(X), num_steps=20, progress=False)
     assert state.losses[-1] < state.losses[0] and all(p.device.type == "cuda" for p in gp.parameters())

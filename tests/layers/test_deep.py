@@ -381,7 +381,7 @@ def test_fit_with_natural_gradients_on_the_last_layer_only():
     _randomise(dgp)
     hidden_q = {k: v.detach().clone() for k, v in dgp.layers[0].q_u.named_parameters()}
     last_q = dgp.layers[1].q_u.u_loc.detach().clone()
-    state = ps.infer.fit(dgp, X, y, num_steps=3, batch_size=10, lr=0.01, natgrad_lr=0.1, progress=False)
+    state = ps.infer.fit(dgp, X, y, num_steps=3, batch_size=10, lr=0.01, natgrad=0.1, progress=False)
     assert all(math.isfinite(v) for v in state.losses)
     assert not torch.equal(dgp.layers[1].q_u.u_loc, last_q)  # natural-gradient steps
     for k, v in dgp.layers[0].q_u.named_parameters():  # Adam trains the hidden q(u)
@@ -407,7 +407,8 @@ def test_fit_a_length_one_natural_step_lands_the_last_layer_on_its_dense_optimum
         Li = torch.linalg.inv(torch.linalg.cholesky(Kuu))  # whitened: v = Luu^{-1} u
         m, S = Li @ Kuu @ Sigma @ Kuf @ y / s2, Li @ Kuu @ Sigma @ Kuu @ Li.mT
     assert not torch.allclose(last.q_u.u_loc, m, atol=1e-2)  # the step has work to do
-    ps.infer.fit(dgp, X, y, num_steps=1, batch_size=len(X), lr=1e-12, natgrad_lr=1.0, finish=None, progress=False)
+    ps.infer.fit(dgp, X, y, num_steps=1, batch_size=len(X), lr=1e-12, natgrad=ps.infer.NaturalPolicy(lr=1.0,
+                                                                                                     finish=None), progress=False)
     L = last.q_u.u_scale_tril.detach()
     torch.testing.assert_close(last.q_u.u_loc.detach(), m, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(L @ L.mT, S, rtol=1e-5, atol=1e-5)
@@ -424,7 +425,7 @@ def test_deep_solvegp_natural_gradients_train_the_last_layers_q_u_and_q_v():
     dgp = build_deep_gp(X, [], ps.Gaussian(0.2), num_inducing=4, num_orthogonal=3)
     gp = dgp.last
     assert dgp.natgrad_families() == [gp.q_u, gp.q_v]
-    ps.infer.fit(dgp, X, y, num_steps=80, batch_size=20, lr=1e-12, natgrad_lr=1.0, progress=False)
+    ps.infer.fit(dgp, X, y, num_steps=80, batch_size=20, lr=1e-12, natgrad=1.0, progress=False)
     k = gp.kernel
     with torch.no_grad():
         m, L = SB.solvegp_optimal_q_v(y, gp.likelihood.noise, k(gp.Z), k(gp.Z, gp.O), k(gp.O), k(gp.Z, X),

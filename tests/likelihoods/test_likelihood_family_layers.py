@@ -57,7 +57,7 @@ def test_deep_gp_output_layer(name):
 def test_natural_gradient_under_svi_trains_q_u_and_the_likelihood(name):
     lik, X, y, _ = simulated(name, N=40)
     gp = ps.SVGP(RBF(1, lengthscale=torch.tensor(0.7)), X[::8].clone(), lik)
-    optim = ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.05}), natgrad_lr=0.1)
+    optim = ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.05}), natgrad=0.1)
     svi = SVI(gp.model, gp.guide, optim, Trace_ELBO(num_particles=8, vectorize_particles=True, max_plate_nesting=2))
     before = {n: p.detach().clone() for n, p in gp.named_parameters()}
     losses = [svi.step(X, y) for _ in range(40)]

@@ -108,7 +108,7 @@ def test_pg_fit_with_natural_gradients_classifies():
     y = (torch.sin(2 * X[:, 0]) + 0.3 * torch.randn(200) > 0).to(X.dtype)
     k = RBF(D, variance=torch.tensor(2.0), lengthscale=torch.tensor(0.8))
     gp = ps.SVGP(k, torch.rand(10, D) * 4 - 2, ps.PolyaGammaLogit(), whiten=True)
-    state = ps.infer.fit(gp, X, y, num_steps=60, batch_size=200, lr=0.02, natgrad_lr=1.0, elbo="analytic",
+    state = ps.infer.fit(gp, X, y, num_steps=60, batch_size=200, lr=0.02, natgrad=1.0, elbo="analytic",
                          progress=False)
     assert state.losses[-1] < state.losses[0]
     mean, var = gp.predict(X)

@@ -38,7 +38,7 @@ def _refuses(match, exc=ValueError, **kw):
 
 @pytest.mark.parametrize("value", [0.0, -0.1, 1.5, float("nan"), float("inf"), "0.1"])
 def test_natgrad_lr_must_be_in_zero_one(value):
-    _refuses("natgrad_lr must be a finite number in \\(0, 1\\]", natgrad_lr=value)
+    _refuses("NaturalPolicy.lr must be a step length in \\(0, 1\\]", natgrad=value)
 
 
 @pytest.mark.parametrize("value", [-1, 2.5, True, None])
@@ -51,7 +51,7 @@ def test_batch_size_must_be_a_positive_integer(value):
     _refuses("batch_size must be an integer >= 1", batch_size=value)
 
 
-@pytest.mark.parametrize("name,value", [("lr", 0.0), ("lr", -1.0), ("checkpoint_every", -1), ("sync_every", 0)])
+@pytest.mark.parametrize("name,value", [("lr", 0.0), ("lr", -1.0), ("sync_every", 0)])
 def test_other_numbers_are_checked(name, value):
     _refuses(name, **{name: value})
 
@@ -64,7 +64,7 @@ def test_data_is_converted_or_refused():
     _refuses("different numbers of rows", y=y[:-1])
     _refuses("for 3 outputs build the layer with num_outputs=3", y=y.unsqueeze(-1).expand(-1, 3))
     _refuses("y contains NaN or inf", y=torch.cat([y[:-1], torch.tensor([float("nan")])]))
-    _refuses("exactly one data source", dataset=torch.utils.data.TensorDataset(X, y))
+    _refuses("pass y=None", X=torch.utils.data.TensorDataset(X, y))  # fit(dataset, y)
     _refuses("needs y", y=None)
     # numpy float32 and integer lists are converted to the module's dtype
     gp = _gp()
@@ -89,7 +89,10 @@ def test_a_hyperprior_is_refused_by_the_closed_form_bound_naming_the_way_to_trai
 def test_a_checkpoint_in_a_missing_folder_is_refused_at_entry(tmp_path):
     path = tmp_path / "no" / "such" / "ckpt.pt"
     _refuses("folder of checkpoint .*ckpt.pt.* does not exist", checkpoint=str(path))
-    _refuses("checkpoint_every needs a checkpoint path", checkpoint_every=5)
+    with pytest.raises(ValueError, match="Checkpoint.every needs a checkpoint path"):
+        ps.infer.Checkpoint(None, every=5)
+    with pytest.raises(ValueError, match="Checkpoint.every must be an integer >= 0"):
+        ps.infer.Checkpoint("c.pt", every=-1)
 
 
 def _checkpoint(tmp_path, **kw):
@@ -112,13 +115,15 @@ def test_bad_checkpoint_files_are_refused_naming_the_file(tmp_path):
         path = tmp_path / name
         if content is not None:
             path.write_bytes(content)
-        _refuses(f"checkpoint .*{name}", resume=str(path), batch_size=16)
+        _refuses(f"checkpoint .*{name}", checkpoint=ps.infer.Checkpoint(None, resume=str(path)), batch_size=16)
     foreign = tmp_path / "foreign.pt"
     torch.save({"model": torch.zeros(3)}, foreign)
-    _refuses("foreign.pt.* was not written by pyro_sparsegp", resume=str(foreign), batch_size=16)
+    _refuses("foreign.pt.* was not written by pyro_sparsegp", checkpoint=ps.infer.Checkpoint(None,
+                                                                                             resume=str(foreign)), batch_size=16)
     pickled = tmp_path / "pickled.pt"
     torch.save({"obj": _gp()}, pickled)  # arbitrary objects: never unpickled
-    _refuses("pickled.pt.* not a readable torch file", resume=str(pickled), batch_size=16)
+    _refuses("pickled.pt.* not a readable torch file", checkpoint=ps.infer.Checkpoint(None, resume=str(pickled)),
+             batch_size=16)
     other = ps.SVGP(RBF(1), torch.zeros(7, 1), ps.Gaussian())  # another layout (M = 7)
     with pytest.raises(ValueError, match="good.pt.* another module layout"):
         load_checkpoint(str(good), other)
@@ -126,12 +131,16 @@ def test_bad_checkpoint_files_are_refused_naming_the_file(tmp_path):
 
 def test_resuming_with_another_batch_size_or_seed_is_refused(tmp_path):
     good = _checkpoint(tmp_path)
-    _refuses("good.pt.* batch_size=16; this run has batch_size=32", resume=str(good), batch_size=32, num_steps=10)
-    _refuses("good.pt.* seed=0; this run has seed=1", resume=str(good), batch_size=16, seed=1, num_steps=10)
-    _refuses("good.pt.* is at step 4, beyond num_steps=3", resume=str(good), batch_size=16, num_steps=3)
+    _refuses("good.pt.* batch_size=16; this run has batch_size=32", checkpoint=ps.infer.Checkpoint(None,
+                                                                                                   resume=str(good)), batch_size=32, num_steps=10)
+    _refuses("good.pt.* seed=0; this run has seed=1", checkpoint=ps.infer.Checkpoint(None, resume=str(good)),
+             batch_size=16, seed=1, num_steps=10)
+    _refuses("good.pt.* is at step 4, beyond num_steps=3", checkpoint=ps.infer.Checkpoint(None, resume=str(good)),
+             batch_size=16, num_steps=3)
     # written with natural gradients on q(u) ("auto"); Adam alone would train q(u) too: refused before any load
-    _refuses("good.pt.* Adam trained other parameters.*natgrad_lr kind", resume=str(good), batch_size=16,
-             num_steps=10, natgrad_lr=None)
+    _refuses("good.pt.* Adam trained other parameters.*natgrad kind", checkpoint=ps.infer.Checkpoint(None,
+                                                                                                     resume=str(good)), batch_size=16,
+             num_steps=10, natgrad=None)
 
 
 def test_a_resumed_run_takes_this_calls_learning_rate(tmp_path):
@@ -142,7 +151,8 @@ def test_a_resumed_run_takes_this_calls_learning_rate(tmp_path):
     ends = {}
     for lr in (0.01, 0.01, 0.3):
         gp = _gp()
-        fit(gp, X, y, num_steps=8, batch_size=16, lr=lr, progress=False, resume=str(good))
+        fit(gp, X, y, num_steps=8, batch_size=16, lr=lr, progress=False, checkpoint=ps.infer.Checkpoint(None,
+                                                                                                        resume=str(good)))
         ends.setdefault(lr, []).append(gp.kernel.lengthscale.detach().clone())
     assert torch.equal(ends[0.01][0], ends[0.01][1])
     assert not torch.allclose(ends[0.01][0], ends[0.3][0])

@@ -156,7 +156,7 @@ def test_a_noise_driven_to_zero_is_a_non_finite_loss_error_and_the_module_is_res
 
     with pytest.raises(NonFiniteLossError, match=r"Expected parameter scale.*at step 4; parameters restored to those "
                                                  r"of step 3") as info:
-        fit(gp, X, y, num_steps=20, batch_size=64, progress=False, callback=poison, natgrad_lr=None, sync_every=1,
+        fit(gp, X, y, num_steps=20, batch_size=64, progress=False, callback=poison, natgrad=None, sync_every=1,
             elbo="analytic" if elbo == "analytic" else pyro.infer.TraceMeanField_ELBO())
     assert info.value.step == 4 and isinstance(info.value.__cause__, ValueError)
     for k, v in gp.state_dict().items():

@@ -176,7 +176,7 @@ def _natgrad_robustmax():
     gp = ps.SVGP(RBF(2), X[:20].clone(), ps.RobustMax(4), num_outputs=4, integrate_f=True)
     _reset_warnings()
     state, _ = _recorded(
-        lambda: ps.infer.fit(gp, X, y, num_steps=40, batch_size=50, natgrad_lr=0.1, elbo="analytic", progress=False)
+        lambda: ps.infer.fit(gp, X, y, num_steps=40, batch_size=50, natgrad=0.1, elbo="analytic", progress=False)
     )
     assert all(math.isfinite(v) for v in state.losses)
     assert state.losses[-1] < 0.5 * state.losses[0], (state.losses[0], state.losses[-1])
@@ -338,7 +338,7 @@ CASES = [
     Case("pg_b60.5", _pg_normalised(60.5), ((ValueError,), "Exact range")),
     Case("pg_b10", _pg_normalised(10)),
     Case("unwhitened_equal_Z_warns", _unwhitened_equal_inducing_inputs),
-    Case("natgrad_lr_0", _natgrad_lr_zero, ((ValueError,), r"\(0, 1\].*natgrad_lr=None")),
+    Case("natgrad_lr_0", _natgrad_lr_zero, ((ValueError,), r"\(0, 1\].*natgrad=None")),
     Case("num_outputs_0", _num_outputs_zero, ((ValueError,), "num_outputs must be a positive integer")),
     Case("bernoulli_gh_sd4.5", _bernoulli_gh_wide_qf),
     Case("natgrad_robustmax_4class", _natgrad_robustmax),

@@ -22,14 +22,15 @@ step can leave the positive-definite cone. :func:`natgrad_step` therefore **damp
 for each output) until the new precision has a Cholesky factor, at most 30 times (then that output is left
 unchanged), and reports a damped step once per process with :class:`NatGradDampingWarning`. The positive-definite
 step of Lin, Schmidt, Khan (2020) (``retraction=True`` in :func:`natgrad_from_grads_`; ``fit``'s
-``natgrad_retraction``, on by default for non-conjugate likelihoods and deep GPs' hidden layers) never leaves the
+``NaturalPolicy.retraction``, on by default for non-conjugate likelihoods and deep GPs' hidden layers) never leaves the
 cone, so for it damping is reserved for non-finite gradients.
 
 One module per concept: :mod:`.closed_forms` (the steps from the likelihood's closed forms), :mod:`.from_grads` (the
 steps from the ELBO's gradient, and the noise's), :mod:`.joint` (SOLVE-GP's joint step and its probes),
 :mod:`.families` (which families and noise the steps train), :mod:`.damping` (the damping rule and its warning);
 and around them :mod:`.optimizer` (:class:`NaturalGradient`, the Pyro optimiser that takes these steps in any ``SVI``
-program), :mod:`.policy` (``fit``'s ``"auto"`` natural-gradient policy), :mod:`.schedules` (step-length schedules) and
+program), :mod:`.natural_policy` (:class:`NaturalPolicy`,
+                                  the policy ``fit`` and ``NaturalGradient`` share), :mod:`.policy` (``fit``'s ``"auto"`` natural-gradient policy), :mod:`.schedules` (step-length schedules) and
 :mod:`.averaging` (the iterate average of the natural parameters).
 """
 
@@ -45,12 +46,14 @@ from .joint import (
     solvegp_joint_natgrad_from_grads_,
     solvegp_natgrad_step,
 )
+from .natural_policy import NaturalPolicy
 from .optimizer import NaturalGradient
 from .policy import NatGradPlan, resolve_natgrad
 from .schedules import LogLinearWarmup, RunningAverageStart
 
 __all__ = [
     "NaturalGradient",
+    "NaturalPolicy",
     "LogLinearWarmup",
     "RunningAverageStart",
     "IterateAverage",

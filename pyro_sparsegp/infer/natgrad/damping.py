@@ -30,7 +30,7 @@ def check_natgrad_lr(lr) -> float:
         raise ValueError(
             f"natural-gradient step length must be a number in (0, 1] (1 is the full step, exact for a Gaussian "
             f"likelihood on the full batch; 0.05-0.5 suits non-conjugate likelihoods), got {lr!r}; to train q(u) "
-            "with Adam instead, leave natgrad_lr=None"
+            "with Adam instead, pass natgrad=None"
         )
     return float(lr)
 
@@ -54,7 +54,7 @@ def _damped_length(theta2, target2, lr):
             ("natgrad-damped",),
             f"natural-gradient step of length {lr:g} would have made the precision of q(u) indefinite (a "
             f"non-log-concave likelihood or too long a step); it was shortened to {float(rho.min()):.3g}. Reported "
-            "once; use a smaller natgrad_lr if this recurs.",
+            "once; use a smaller NaturalPolicy.lr if this recurs.",
             NatGradDampingWarning,
             stacklevel=4,
         )
@@ -76,10 +76,10 @@ def _damp(factor, D, info, rho, lr, retraction):
     if halvings:
         if retraction:  # K >= I/2 for every finite gradient: only a non-finite or overflowing one fails
             advice = ("even the positive-definite step (retraction) had no Cholesky factor, so the gradient of q was "
-                      "not finite or overflowed; lower natgrad_lr and lr, or check the data")
+                      "not finite or overflowed; lower NaturalPolicy.lr and lr, or check the data")
         else:
-            advice = ("if this recurs use a smaller natgrad_lr, the positive-definite step (natgrad_retraction=True "
-                      "in fit; NaturalGradient's default, retraction=True), or more particles (num_particles=8, "
+            advice = ("if this recurs use a smaller NaturalPolicy.lr, the positive-definite step (NaturalPolicy(retraction="
+                      "True); NaturalGradient's \"auto\"), or more particles (num_particles=8, "
                       "vectorize_particles=True) when u is sampled")
         _warn_once(
             ("natgrad-damped", bool(retraction)),

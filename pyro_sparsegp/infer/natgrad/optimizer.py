@@ -2,7 +2,7 @@ r"""A Pyro optimiser that takes natural-gradient steps on the Gaussian variation
 parameter to an ordinary Pyro optimiser: the NGD + Adam hybrid of Salimbeni, Eleftheriadis, Hensman (2018), "Natural
 gradients in practice", for any ``SVI`` program::
 
-    svi = SVI(model, guide, ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1), Trace_ELBO())
+    svi = SVI(model, guide, ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.1), Trace_ELBO())
 
 ``SVI.step`` computes the gradients of the loss :math:`\ell = -\mathcal{L}` and calls the optimiser with the
 unconstrained parameters of the trace. Each full-covariance :class:`~pyro_sparsegp.variational.GaussianQ` alive in
@@ -25,6 +25,7 @@ Fisher-scoring step (:func:`~pyro_sparsegp.infer.natgrad.from_grads.noise_step_f
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -36,6 +37,7 @@ from ...reporting import family_layer, in_layer
 from ...variational import live_gaussian_families
 from .averaging import IterateAverage
 from .from_grads import natgrad_from_grads_, noise_step_from_grads_
+from .natural_policy import NaturalPolicy, as_policy
 from .policy import COOLDOWN_FACTOR
 from .schedules import Cooldown, as_schedule
 
@@ -83,7 +85,7 @@ def _noises(params) -> list:
 
 
 class NaturalGradient(PyroOptim):
-    r"""Natural-gradient steps of length ``natgrad_lr`` on the full-covariance Gaussian families
+    r"""Natural-gradient steps of length ``NaturalPolicy.lr`` on the full-covariance Gaussian families
     :math:`q(u) = N(m, LL^T)` (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``) that received gradients, the
     wrapped Pyro optimiser on every other parameter: Hensman, Fusi, Lawrence (2013), section 3.2, for the families,
     and the NGD + Adam hybrid of Salimbeni, Eleftheriadis, Hensman (2018) as a whole (module docstring).
@@ -104,73 +106,64 @@ class NaturalGradient(PyroOptim):
     lands on the optimal q(u).
 
     :param optim: a :class:`pyro.optim.PyroOptim` (e.g. ``pyro.optim.Adam({"lr": 0.01})``) for the other parameters.
-    :param natgrad_lr: step length :math:`\rho` in ``(0, 1]``, or a schedule ``step -> float`` (e.g.
-        :class:`~pyro_sparsegp.infer.natgrad.schedules.LogLinearWarmup`; ``step`` counts this optimiser's calls from 0).
+    :param natgrad: the policy, a :class:`~pyro_sparsegp.infer.NaturalPolicy` (the same object ``fit`` takes; its
+        docstring documents each field and what ``"auto"`` resolves to here: step length 0.1, no warm-up, the
+        positive-definite step, a cooldown over half of ``num_steps`` when ``num_steps`` is given, no average), or a
+        step length in ``(0, 1]`` or a schedule ``step -> float`` (``NaturalPolicy(lr=that)``; ``step`` counts this
+        optimiser's calls from 0). Its ``retraction`` may also be a function ``family -> bool`` (``fit`` passes its
+        plan's). ``layers``, ``hidden_start`` and ``finish`` are ``fit``'s: other than ``"auto"`` they raise
+        ``ValueError`` (select the families with ``families=``; a finish needs all the data).
     :param families: the ``GaussianQ`` modules to step (e.g. ``ps.infer.natgrad_families(dgp)``: a DeepGP's last
         layer only), or ``None`` (default): every full-covariance ``GaussianQ`` alive whose parameters SVI passes.
         Families left out are trained by ``optim``. The attribute ``families`` may be changed between steps: setting it
         to every layer's q(u) after a number of steps joins the hidden layers late, as ``fit``'s
-        ``natgrad_hidden_start`` does (the wrapped optimiser then no longer receives them).
+        ``NaturalPolicy.hidden_start`` does (the wrapped optimiser then no longer receives them).
     :param int num_obs: the number of scalar observations the ELBO's likelihood term stands for (``N`` for ``y
         [N]``, ``N L`` for ``y [N, L]``): a learnable ``Gaussian`` noise with a gradient then takes the
-        Fisher-scoring step of length ``natgrad_lr`` that ``fit`` takes (``noise_step_from_grads_``). ``None``
+        Fisher-scoring step of the natural step's length that ``fit`` takes (``noise_step_from_grads_``). ``None``
         (default): the noise goes to ``optim``.
-    :param int warmup: a log-linear warm-up of the step length from ``warmup_start`` to ``natgrad_lr`` over this
-        many steps (Salimbeni, Eleftheriadis, Hensman 2018;
-        :class:`~pyro_sparsegp.infer.natgrad.schedules.LogLinearWarmup`); ``0`` (default): none.
-    :param float warmup_start: the first step length of the warm-up (default ``1e-4``, the paper's).
-    :param retraction: ``True`` (default): the positive-definite precision step of Lin, Schmidt, Khan (2020) (see
-        :func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`): never damped, and stable with the
-        Monte Carlo gradients of SVI and with non-conjugate likelihoods; ``False``: the plain step, exact at length 1
-        for a Gaussian likelihood with a deterministic ELBO (diverges with a sampled one); or a function
-        ``family -> bool`` choosing per family (``fit`` passes its plan's).
     :param int num_steps: the number of steps the run will take (calls of this optimiser). Given, the last
         ``cooldown`` of them decay log-linearly to a tenth, for the natural steps and the wrapped optimiser's learning
-        rates alike (:class:`~pyro_sparsegp.infer.natgrad.schedules.Cooldown`, what ``fit`` does for a non-conjugate
-        likelihood), so the run ends near the plateau's centre instead of on one noisy iterate.
-    :param float cooldown: the fraction of ``num_steps`` that decays (default ``0.5``; ``0``: none).
-    :param int average_from: from this step on (counting calls from 0), keep the Polyak-Ruppert average of the
-        stepped families' natural parameters and of the stepped noises
-        (:class:`~pyro_sparsegp.infer.natgrad.averaging.IterateAverage`); call :meth:`write_average` at the end of
-        training to put it into the modules. ``None`` (default): no averaging.
+        rates alike (:class:`~pyro_sparsegp.infer.natgrad.schedules.Cooldown`), and ``average`` (a fraction of them)
+        keeps the Polyak-Ruppert average of the stepped families' natural parameters and of the stepped noises from
+        step :attr:`average_from` on (:class:`~pyro_sparsegp.infer.natgrad.averaging.IterateAverage`); call
+        :meth:`write_average` at the end of training to put it into the modules.
 
     ``get_state``/``set_state``/``save``/``load`` are the wrapped optimiser's (the natural-gradient steps keep no
     state).
     """
 
-    def __init__(self, optim: PyroOptim, natgrad_lr=0.1, families=None, num_obs: int | None = None, *,
-                 warmup: int = 0, warmup_start: float = 1e-4, retraction: bool = True,
-                 average_from: int | None = None, num_steps: int | None = None, cooldown: float = 0.5):
+    def __init__(self, optim: PyroOptim, natgrad=0.1, families=None, num_obs: int | None = None,
+                 num_steps: int | None = None):
         # no PyroOptim.__init__: this object holds no torch optimiser of its own, the wrapped one does
         if not isinstance(optim, PyroOptim) or isinstance(optim, NaturalGradient):
             raise TypeError(
                 f"NaturalGradient wraps a pyro.optim.PyroOptim for the parameters that are not Gaussian families, "
-                f"e.g. NaturalGradient(pyro.optim.Adam({{'lr': 0.01}}), natgrad_lr=0.1); got {type(optim).__name__}"
+                f"e.g. NaturalGradient(pyro.optim.Adam({{'lr': 0.01}}), natgrad=0.1); got {type(optim).__name__}"
                 + (" (a torch.optim class: use its pyro.optim wrapper)" if isinstance(optim, type) or isinstance(
                     optim, torch.optim.Optimizer) else ""))
-        if natgrad_lr is None:
-            raise ValueError("NaturalGradient needs a step length natgrad_lr in (0, 1] or a schedule step -> float; "
-                             "to train q(u) with the wrapped optimiser instead, pass that optimiser to SVI itself "
-                             "(or families=[] here)")
+        self.policy = policy = as_policy(natgrad)
+        if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral)
+                                      or num_steps < 1):
+            raise ValueError(f"num_steps must be a positive integer (the run's steps) or None, got {num_steps!r}")
         self.optim = optim
-        self.schedule = as_schedule(natgrad_lr, warmup, warmup_start)
+        self.schedule = _schedule(policy)
         self.num_steps, self._base_lr = num_steps, {}
-        if num_steps is not None:
-            if isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral) or num_steps < 1:
-                raise ValueError(f"num_steps must be a positive integer (the run's steps) or None, got {num_steps!r}")
-            start = int(num_steps) - int(round(float(cooldown) * num_steps)) if 0 <= cooldown <= 1 else None
-            if start is None:
-                raise ValueError(f"cooldown must be a fraction in [0, 1] of num_steps, got {cooldown!r}")
+        cooldown = (0.5 if num_steps is not None else None) if policy.cooldown == "auto" else policy.cooldown
+        if num_steps is not None and cooldown:
+            cooldown = float(cooldown)
+            start = int(num_steps) - int(round(cooldown * num_steps))
             self.cooldown = Cooldown(self.schedule, start, int(num_steps), COOLDOWN_FACTOR)
             self.schedule = self.cooldown
+        elif cooldown and num_steps is None:
+            raise ValueError(f"NaturalPolicy.cooldown={cooldown!r} is a fraction of the run's steps: give "
+                             "NaturalGradient num_steps=...")
         else:
             self.cooldown = None
         self.natgrad_lr = getattr(self.schedule, "target", None)  # the step length after the warm-up (a float)
+        retraction = True if policy.retraction == "auto" else policy.retraction
         self.retraction = retraction if callable(retraction) else bool(retraction)
-        if average_from is not None and (isinstance(average_from, bool) or not isinstance(
-                average_from, numbers.Integral) or average_from < 0):
-            raise ValueError(f"average_from must be an integer >= 0 (a step number) or None, got {average_from!r}")
-        self.average_from, self.average, self.step_count = average_from, None, 0
+        self.average_from, self.average, self.step_count = _average_from(policy, num_steps), None, 0
         self.families = None if families is None else list(families)
         if num_obs is not None and (isinstance(num_obs, bool) or not isinstance(num_obs, numbers.Integral)
                                     or num_obs < 1):
@@ -230,9 +223,44 @@ class NaturalGradient(PyroOptim):
         self.optim.set_state(state_dict)
 
     def __repr__(self) -> str:
-        lr = f"{self.natgrad_lr:g}" if self.natgrad_lr is not None else repr(self.schedule)
-        extra = "".join(f", {k}={v}" for k, v in (("warmup", getattr(self.schedule, "steps", 0)),
-                                                   ("average_from", self.average_from)) if v)
-        extra += "" if self.retraction is True else f", retraction={self.retraction}"
         wrapped = getattr(self.optim, "pt_optim_constructor", type(self.optim))  # pyro.optim.Adam wraps torch's Adam
-        return f"NaturalGradient({getattr(wrapped, '__name__', type(self.optim).__name__)}, natgrad_lr={lr}{extra})"
+        name = getattr(wrapped, "__name__", type(self.optim).__name__)
+        fields = {k: getattr(self.policy, k) for k in self.policy.__dataclass_fields__
+                  if k != "lr" and getattr(self.policy, k) != "auto"}
+        lr = f"{self.policy.lr:g}" if isinstance(self.policy.lr, numbers.Real) else repr(self.policy.lr)
+        natgrad = (lr if not fields else "NaturalPolicy(lr=" + lr
+                   + "".join(f", {k}={v!r}" for k, v in fields.items()) + ")")
+        extra = f", num_steps={self.num_steps}" if self.num_steps is not None else ""
+        return f"NaturalGradient({name}, natgrad={natgrad}{extra})"
+
+
+def _schedule(policy: NaturalPolicy):
+    """The step-length schedule (``step -> float``) of ``policy`` under ``NaturalGradient`` (``"auto"``: 0.1, no
+    warm-up); ``ValueError`` for a field that is ``fit``'s. No tensors, so shapes do not apply."""
+    for name, why in (("layers", "pass families=[...] to select the families under SVI"),
+                      ("hidden_start", "set the attribute families between steps to join layers late"),
+                      ("finish", "a finish needs all the data: it is fit's")):
+        if getattr(policy, name) != "auto":
+            raise ValueError(f"NaturalPolicy.{name}={getattr(policy, name)!r} is fit's, not NaturalGradient's: "
+                             f"leave it 'auto' here ({why})")
+    if policy.lr is None:
+        raise ValueError("NaturalGradient needs a step length NaturalPolicy.lr in (0, 1] or a schedule step -> float; "
+                         "to train q(u) with the wrapped optimiser instead, pass that optimiser to SVI itself "
+                         "(or families=[] here)")
+    lr = 0.1 if policy.lr == "auto" else policy.lr
+    warmup = 0 if policy.warmup == "auto" else policy.warmup
+    if callable(lr) and warmup:
+        raise ValueError("NaturalPolicy.warmup ramps a step length; NaturalPolicy.lr is a schedule here: give "
+                         "the schedule its own warm-up (e.g. LogLinearWarmup) or a number as lr")
+    return as_schedule(lr, warmup)
+
+
+def _average_from(policy: NaturalPolicy, num_steps) -> int | None:
+    """The first averaged step of ``policy.average`` (a fraction of ``num_steps``; ``"auto"`` or ``None``: no
+    average, ``None``), as ``fit`` counts it. No tensors, so shapes do not apply."""
+    if policy.average is None or policy.average == "auto":
+        return None
+    if num_steps is None:
+        raise ValueError(f"NaturalPolicy.average={policy.average!r} is a fraction of the run's steps: give "
+                         "NaturalGradient num_steps=...")
+    return int(num_steps) - max(1, math.ceil(float(policy.average) * num_steps))

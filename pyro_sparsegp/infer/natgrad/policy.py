@@ -1,4 +1,4 @@
-r"""``fit``'s natural-gradient options, resolved in one place: the step length (``natgrad_lr``, ``"auto"`` per
+r"""``fit``'s natural-gradient options, resolved in one place: the step length (``NaturalPolicy.lr``, ``"auto"`` per
 likelihood and layer type), its warm-up (:mod:`~pyro_sparsegp.infer.natgrad.schedules`), the positive-definite step
 (``retraction``, Lin, Schmidt, Khan 2020; :func:`~pyro_sparsegp.infer.natgrad.from_grads.natgrad_from_grads_`),
 which layers' families take natural steps, and the iterate average at the end
@@ -12,7 +12,7 @@ The ``"auto"`` policy (measured by ``benchmarks/natgrad_nonconjugate.py``; see :
   layer's first steps are the running average of
   :class:`~pyro_sparsegp.infer.natgrad.schedules.RunningAverageStart` (:math:`\max(0.1, 1/(k+1))`): a length-1 first
   step is exact there, and the running mean of the first minibatches' optima beats a 10% pull from the prior
-  (``natgrad_warmup=0`` gives the constant step);
+  (``NaturalPolicy(warmup=0)`` gives the constant step);
 * every other likelihood on the closed-form bound (Bernoulli, robust-max, softmax): natural steps of length
   :data:`AUTO_NONCONJUGATE_LR` with the positive-definite step and a warm-up of :data:`AUTO_WARMUP` steps, except
   robust-max on minibatches under :data:`AUTO_MIN_BATCH_FRACTION` of the data, and robust-max on inducing patches
@@ -29,17 +29,17 @@ The ``"auto"`` policy (measured by ``benchmarks/natgrad_nonconjugate.py``; see :
   -0.542 (-0.583); Bernoulli on a 2-D toy set (3,000 points, M = 20) at N / B = 94, 47 and 12 test LL -0.189,
   -0.179, -0.173 (-0.202, -0.183, -0.177). Digits (N / B = 1 and 19) gain with either likelihood. The one
   counter-example seen: robust-max with 2 classes on that toy set lost at every size (-0.55, -0.47, -0.41 against
-  -0.26, -0.28, -0.31), so the fraction is a rule of thumb, not a guarantee; ``natgrad_lr=None`` chooses Adam;
+  -0.26, -0.28, -0.31), so the fraction is a rule of thumb, not a guarantee; ``natgrad=None`` chooses Adam;
 * a Pyro ELBO passed as ``elbo``: natural gradients off (``None``), as before;
-* a deep GP: natural steps on the last layer only (``natgrad_layers="auto"`` is ``"last"``); ``"all"`` adds the
-  hidden layers from half the steps on (``natgrad_hidden_start="auto"``, :data:`AUTO_HIDDEN_START`; Adam trains them
+* a deep GP: natural steps on the last layer only (``layers="auto"`` is ``"last"``); ``"all"`` adds the
+  hidden layers from half the steps on (``hidden_start="auto"``, :data:`AUTO_HIDDEN_START`; Adam trains them
   before, in the same Adam state) and averages their iterates over the last tenth of the steps before the exact
   finish of the last layer (``average="auto"``, :data:`AUTO_HIDDEN_AVERAGE`). Measured on kin8nm
   (``benchmarks/natgrad_nonconjugate.py --part dgp``: Salimbeni's protocol, M = 100, 5,000 steps, the exact finish;
   test log-likelihood minus the default's, paired by seed; CPU and GPU seeds draw different numbers, so they pair
   only with their own device's):
 
-  - DGP 3, every layer from the first step (``natgrad_hidden_start=0``, no average; what ``"all"`` did before):
+  - DGP 3, every layer from the first step (``hidden_start=0``, no average; what ``"all"`` did before):
     -0.010 (standard error 0.005; seeds 0-3), a bound higher by 0.018 nats per point. Run on to 10,000 steps
     (seed 0), it stops improving at a bound of -0.120 by step 7,500 (test log-likelihood 1.354) and the default
     passes it (-0.109 and 1.376): the hidden layers, fitted to hyperparameters that had not settled, were pruned
@@ -69,11 +69,11 @@ The ``"auto"`` policy (measured by ``benchmarks/natgrad_nonconjugate.py``; see :
 from __future__ import annotations
 
 import math
-import numbers
 
 from .averaging import IterateAverage
 from .control import StepControl
 from .families import natgrad_families
+from .natural_policy import NaturalPolicy
 from .schedules import Cooldown, LogLinearWarmup, RunningAverageStart
 
 __all__ = ["resolve_natgrad", "NatGradPlan", "all_layer_families", "AUTO_NONCONJUGATE_LR", "AUTO_WARMUP",
@@ -83,12 +83,11 @@ AUTO_NONCONJUGATE_LR = 0.1  # the step length "auto" gives a non-conjugate likel
 AUTO_WARMUP = 5  # steps of the log-linear warm-up from 1e-4 that "auto" gives it: the paper's 5 (on digits a
 # 20-step ramp was no more accurate at 100 steps, benchmarks/natgrad_nonconjugate.py)
 AUTO_MIN_BATCH_FRACTION = 1 / 32  # "auto" gives robust-max natural steps only for B / N at least this
-AUTO_HIDDEN_START = 0.5  # natgrad_layers="all": the fraction of the steps after which the hidden layers join
-AUTO_HIDDEN_AVERAGE = 0.1  # natgrad_layers="all", average="auto": the last fraction of the steps whose hidden
+AUTO_HIDDEN_START = 0.5  # layers="all": the fraction of the steps after which the hidden layers join
+AUTO_HIDDEN_AVERAGE = 0.1  # layers="all", average="auto": the last fraction of the steps whose hidden
 # iterates are averaged (beside the exact finish of the last layer)
 AUTO_COOLDOWN = 0.5  # cooldown="auto": the last half of the steps of non-conjugate natural steps decay
 COOLDOWN_FACTOR = 0.1  # the step lengths at the end of a cooldown, relative to their held values
-_LAYERS = ("auto", "last", "all")
 
 
 def _on_patches(module) -> bool:
@@ -117,6 +116,8 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
     Salimbeni, Eleftheriadis, Hensman (2018) and Lin, Schmidt, Khan (2020)."""
     from ...likelihoods import Gaussian, PolyaGammaLogit, RobustMax
 
+    NaturalPolicy(lr=natgrad_lr, warmup=warmup, retraction=retraction, layers=layers, hidden_start=hidden_start,
+                  average=average, cooldown="auto" if cooldown is None else cooldown)  # the checks, naming the field
     analytic = (elbo is None or elbo == "analytic") and default_elbo == "analytic"
     # conjugate given the bound: Gaussian, and Polya-Gamma's augmented bound (Gaussian in u given omega, whose
     # data term's curvature is negative semi-definite): the plain step is positive definite by itself
@@ -133,18 +134,11 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
     running_start = warmup == "auto" and conjugate and analytic  # exact at length 1: RunningAverageStart
     if warmup == "auto":
         warmup = AUTO_WARMUP if auto_on and not conjugate else 0
-    if isinstance(warmup, bool) or not isinstance(warmup, numbers.Integral) or warmup < 0:
-        raise ValueError(f"natgrad_warmup must be an integer >= 0 (steps) or 'auto', got {warmup!r}")
     if retraction == "auto":
         retraction = None  # per family: see NatGradPlan.retract
-    elif not isinstance(retraction, bool):
-        raise ValueError(f"natgrad_retraction must be True, False or 'auto', got {retraction!r}")
-    if layers not in _LAYERS:
-        raise ValueError(f"natgrad_layers must be one of {_LAYERS}, got {layers!r}")
-    if average not in (None, "auto") and (isinstance(average, bool) or not isinstance(average, numbers.Real)
-                                          or not 0.0 < float(average) <= 1.0):
-        raise ValueError(f"average must be a fraction in (0, 1] of the steps (the last ones are averaged), 'auto' or "
-                         f"None, got {average!r}")
+    elif callable(retraction) and not isinstance(retraction, bool):
+        raise ValueError("NaturalPolicy.retraction under fit must be True, False or 'auto' (a function family -> bool "
+                         "is NaturalGradient's)")
     plan = NatGradPlan(module, int(warmup), retraction, layers, average, num_steps, conjugate and analytic,
                        running_start, _hidden_start(hidden_start, num_steps))
     if natgrad_lr is not None and not (conjugate and analytic):  # the step control of control.py
@@ -157,22 +151,15 @@ def resolve_natgrad(module, natgrad_lr, elbo, default_elbo, *, warmup="auto", re
 
 def _cooldown(cooldown) -> float:
     """The last fraction of the steps over which the step lengths decay (:class:`~.schedules.Cooldown`): ``None``
-    or ``0`` for none. No tensors, so shapes do not apply."""
-    if cooldown is None:
-        return 0.0
-    if isinstance(cooldown, bool) or not isinstance(cooldown, numbers.Real) or not 0.0 <= float(cooldown) <= 1.0:
-        raise ValueError(f"cooldown must be a fraction in [0, 1] of the steps (the last ones decay), 'auto' or None, "
-                         f"got {cooldown!r}")
-    return float(cooldown)
+    or ``0`` for none (checked by :class:`~.natural_policy.NaturalPolicy`). No tensors, so shapes do not apply."""
+    return 0.0 if cooldown is None else float(cooldown)
 
 
 def _hidden_start(hidden_start, num_steps: int) -> int:
-    """The step from which ``natgrad_layers="all"`` steps the hidden layers' families (``"auto"``: half the steps,
+    """The step from which ``layers="all"`` steps the hidden layers' families (``"auto"``: half the steps,
     :data:`AUTO_HIDDEN_START`); no tensors, so shapes do not apply."""
     if isinstance(hidden_start, str) and hidden_start == "auto":
         return int(AUTO_HIDDEN_START * num_steps)
-    if isinstance(hidden_start, bool) or not isinstance(hidden_start, numbers.Integral) or hidden_start < 0:
-        raise ValueError(f"natgrad_hidden_start must be an integer >= 0 (a step) or 'auto', got {hidden_start!r}")
     return int(hidden_start)
 
 
@@ -203,7 +190,7 @@ class NatGradPlan:
         self.average_auto = isinstance(average, str)  # "auto": AUTO_HIDDEN_AVERAGE where resolve_average says
         self.average = None if self.average_auto else average
         self.num_steps, self.conjugate = num_steps, conjugate
-        self.running_start = running_start  # natgrad_warmup="auto" on a conjugate step: RunningAverageStart
+        self.running_start = running_start  # warmup="auto" on a conjugate step: RunningAverageStart
         self.hidden_start = hidden_start if layers == "all" else 0  # the step from which hidden families join
         self.schedule, self.averager, self._hidden = None, None, set()
         self.finished = False  # fit ends with the exact finish (set by resolve_average): average only hidden()
@@ -211,7 +198,7 @@ class NatGradPlan:
         self.control = None  # a StepControl: halves every step length when the bound collapses (control.py)
 
     def families(self) -> list:
-        """The families that take natural steps: ``natgrad_layers="all"`` every full-covariance ``GaussianQ``, else
+        """The families that take natural steps: ``layers="all"`` every full-covariance ``GaussianQ``, else
         the module's own choice (:func:`~pyro_sparsegp.infer.natgrad.families.natgrad_families`; a DeepGP's last layer).
         Returns a list of modules (``u_loc [..., M]``, ``u_scale_tril [..., M, M]``)."""
         if self.layers == "all":
@@ -246,7 +233,7 @@ class NatGradPlan:
     def resolve_average(self, finished: bool) -> None:
         """Record whether the run ends with the exact finish and resolve ``average="auto"``: the last
         :data:`AUTO_HIDDEN_AVERAGE` of the steps for a deep GP's :meth:`hidden` families under
-        ``natgrad_layers="all"`` beside the exact finish of its last layer, else no average. No tensors, so shapes do
+        ``layers="all"`` beside the exact finish of its last layer, else no average. No tensors, so shapes do
         not apply."""
         self.finished = finished
         if self.average_auto:
@@ -254,7 +241,7 @@ class NatGradPlan:
 
     def hidden(self, families) -> list:
         """The families among ``families`` beyond the module's own (the hidden layers' of a deep GP under
-        ``natgrad_layers="all"``; none otherwise). ``families``: modules (``u_loc [..., M]``, ``u_scale_tril
+        ``layers="all"``; none otherwise). ``families``: modules (``u_loc [..., M]``, ``u_scale_tril
         [..., M, M]``); returns a sublist."""
         if self.layers != "all":
             return []
@@ -302,7 +289,7 @@ class NatGradPlan:
         return self.schedule(step)
 
     def retract(self, q) -> bool:
-        """Whether family ``q`` takes the positive-definite step: ``natgrad_retraction`` if given, else (``"auto"``)
+        """Whether family ``q`` takes the positive-definite step: ``retraction`` if given, else (``"auto"``)
         for a non-conjugate likelihood, for every family under a Pyro ELBO (a Monte Carlo gradient, with which the
         plain step diverges: :class:`~pyro_sparsegp.infer.NaturalGradient`) and for every family off the likelihood's
         layer (a deep GP's hidden layers, whose gradient is a Monte Carlo estimate), not for a Gaussian likelihood's

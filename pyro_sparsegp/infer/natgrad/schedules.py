@@ -54,7 +54,7 @@ class LogLinearWarmup:
 
 class RunningAverageStart:
     r"""The step length at step ``k`` (``k = 0, 1, ...``): :math:`\rho_k = \max(\rho, 1/(k+1))` (Hoffman et al.
-    2013's Robbins-Monro schedule with a floor; module docstring). ``fit``'s ``natgrad_warmup="auto"`` for a step
+    2013's Robbins-Monro schedule with a floor; module docstring). ``fit``'s ``NaturalPolicy(warmup="auto")`` for a step
     that is exact at length 1: on the time-to-accuracy benchmark (``benchmarks/time_to_accuracy.py``, M = 256,
     evaluations every 5-20 steps) GPyTorch-NGD's final test log-likelihood is reached at step 90 instead of 105 on
     elevators (float64 and float32) and 100 instead of 120 on keggdirected, and at the same step on protein (60) and

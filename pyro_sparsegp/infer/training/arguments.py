@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+from torch.utils.data import DataLoader
 
 from ...composition import sampled_attributes
 from ...inputs import as_tensor
@@ -21,7 +22,7 @@ from .distributed import _dist
 from .natural_finish import resolve_any_finish
 from .steps import _default_elbo
 
-__all__ = ["DEFAULT_BATCH_SIZE", "Arguments", "check_arguments"]
+__all__ = ["DEFAULT_BATCH_SIZE", "Arguments", "check_arguments", "split_data"]
 
 DEFAULT_BATCH_SIZE = 1024  # minibatch rows of X, y or a dataset when batch_size is not given
 
@@ -72,14 +73,38 @@ def _natgrad(module, natgrad_lr, elbo, num_steps, batch_fraction, options: dict)
     """``(natgrad_lr, plan)``: the step length (a float in ``(0, 1]`` or ``None``) and the
     :class:`~pyro_sparsegp.infer.natgrad.policy.NatGradPlan` of fit's natural-gradient ``options`` (``"auto"``
     resolved per likelihood, layer type and ``batch_fraction`` = B / N, ``None`` if unknown)."""
+    if callable(natgrad_lr):
+        raise ValueError("fit's NaturalPolicy.lr must be a step length in (0, 1], None or 'auto'; a schedule is "
+                         "NaturalGradient's (fit builds its own from NaturalPolicy.warmup and cooldown)")
     natgrad_lr, plan = resolve_natgrad(module, natgrad_lr, elbo, _default_elbo(module), num_steps=num_steps,
                                        batch_fraction=batch_fraction, **options)
-    return _positive("natgrad_lr", natgrad_lr, allow_none=True, high=1), plan
+    return _positive("NaturalPolicy.lr", natgrad_lr, allow_none=True, high=1), plan
 
 
-def _check_files(checkpoint, checkpoint_every, resume, num_steps):
-    if checkpoint_every and not checkpoint:
-        raise ValueError("checkpoint_every needs a checkpoint path")
+def split_data(X, y) -> tuple:
+    """``(X, dataset, loader)`` from fit's ``X``: a ``torch.utils.data.DataLoader`` is a loader; a tensor, numpy array,
+    list, tuple or pandas object is data (``X [N, D]`` with ``y [N, ...]``); any other object with ``__getitem__`` and
+    ``__len__`` is a dataset (``dataset[idx]`` gives ``(X[idx], y[idx])`` for ``idx [B]``). A dataset or a loader
+    holds ``y``: ``y`` must then be ``None`` (``ValueError`` otherwise)."""
+    if X is None:
+        raise ValueError("fit needs data: X and y, or as X a dataset (dataset[idx] gives (X[idx], y[idx])) or a "
+                         "DataLoader of (X, y) batches")
+    kind = None
+    if isinstance(X, DataLoader):
+        kind = "a DataLoader"
+    elif not (isinstance(X, (torch.Tensor, list, tuple, str, bytes))
+              or type(X).__module__.split(".")[0] in ("numpy", "pandas")):
+        if hasattr(X, "__getitem__") and hasattr(X, "__len__"):
+            kind = "a dataset"
+    if kind is None:
+        return X, None, None
+    if y is not None:
+        raise ValueError(f"fit's X is {kind} ({type(X).__name__}), which gives the batches (X, y) itself: pass y=None "
+                         "(or pass the tensors X, y)")
+    return (None, None, X) if kind == "a DataLoader" else (None, X, None)
+
+
+def _check_files(checkpoint, resume, num_steps):
     if checkpoint is not None:
         folder = os.path.dirname(os.path.abspath(os.fspath(checkpoint)))
         if not os.path.isdir(folder):
@@ -89,7 +114,8 @@ def _check_files(checkpoint, checkpoint_every, resume, num_steps):
     if resume is not None:  # fail now, naming the file, not after building everything
         saved_step = int(_read_checkpoint(os.fspath(resume))["step"])
         if saved_step > num_steps:
-            raise ValueError(f"checkpoint {os.fspath(resume)!r} is at step {saved_step}, beyond num_steps={num_steps}")
+            raise ValueError(f"checkpoint {os.fspath(resume)!r} (Checkpoint.resume) is at step {saved_step}, beyond "
+                             f"num_steps={num_steps}")
 
 
 def _check_data(module, X, y, dataset, loader, num_data):
@@ -129,7 +155,8 @@ def check_arguments(module, data: dict, run: dict, natgrad_options: dict) -> Arg
     """fit's arguments checked (a ``ValueError`` or ``TypeError`` naming the first wrong one, before anything is
     touched) and completed with their defaults: ``data`` (``X [N, D]`` and ``y [N, ...]``, a ``dataset`` or a
     ``loader``, ``num_data``), ``run`` (``num_steps``, ``batch_size``, ``lr``, ``natgrad_lr``, ``elbo``, ``seed``,
-    ``checkpoint``, ``checkpoint_every``, ``resume``, ``sync_every``) and the natural-gradient ``natgrad_options``."""
+    ``checkpoint``, ``checkpoint_every``, ``resume``: a :class:`~.checkpoint.Checkpoint`'s fields, ``sync_every``) and
+    the natural-gradient ``natgrad_options`` (a :class:`~pyro_sparsegp.infer.NaturalPolicy`'s other fields)."""
     X, y, dataset, loader, num_data = (data[k] for k in ("X", "y", "dataset", "loader", "num_data"))
     num_steps, batch_size, lr, natgrad_lr, elbo, seed = (run[k] for k in (
         "num_steps", "batch_size", "lr", "natgrad_lr", "elbo", "seed"))
@@ -141,15 +168,12 @@ def check_arguments(module, data: dict, run: dict, natgrad_options: dict) -> Arg
         raise RuntimeError("fit needs gradients and was called with them disabled (inside torch.no_grad() or "
                            "torch.inference_mode()): call it outside that block")
     if loader is not None and batch_size is not None:
-        raise ValueError("batch_size applies to X, y and dataset=...; a loader's batches are its own (set batch_size "
-                         "on the DataLoader)")
+        raise ValueError("batch_size applies to X, y and a dataset; a DataLoader's batches are its own (set "
+                         "batch_size on the DataLoader)")
     batch_size = _int("batch_size", DEFAULT_BATCH_SIZE if batch_size is None else batch_size, 1)
     lr = _positive("lr", lr)
-    checkpoint_every = _int("checkpoint_every", checkpoint_every, 0)
     seed = _int("seed", seed, 0)
-    _check_files(checkpoint, checkpoint_every, resume, num_steps)
-    if sum(s is not None for s in (X, dataset, loader)) != 1:
-        raise ValueError("fit needs exactly one data source: X and y, dataset=..., or loader=...")
+    _check_files(checkpoint, resume, num_steps)
     check_not_superseded(module)
     X, y, num_data, dtype, device = _check_data(module, X, y, dataset, loader, num_data)
     if loader is None:

@@ -1,17 +1,66 @@
 """Checkpoints of :func:`~pyro_sparsegp.infer.fit`: the whole training state (module parameters, optimiser state,
 step, losses, RNG states) in one torch file, written atomically, read back with a named error for a missing, empty,
-truncated, foreign or mismatching file; and :class:`FitState`, what ``fit`` returns and checkpoints."""
+truncated, foreign or mismatching file; :class:`FitState`, what ``fit`` returns and checkpoints; and
+:class:`Checkpoint`, ``fit``'s ``checkpoint=`` (where to write, how often, what to resume from)."""
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["FitState", "save_checkpoint", "load_checkpoint", "CHECKPOINT_FORMAT"]
+__all__ = ["Checkpoint", "FitState", "save_checkpoint", "load_checkpoint", "CHECKPOINT_FORMAT"]
 
 CHECKPOINT_FORMAT = "pyro_sparsegp.fit/2"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where :func:`~pyro_sparsegp.infer.fit` writes its checkpoints and what it resumes from:
+    ``fit(..., checkpoint=Checkpoint(path, every=0, resume=None))``; ``checkpoint=path`` is ``Checkpoint(path)``.
+
+    :param path: the file written at the end of the run (and every ``every`` steps), from which a run resumes
+        identically; ``None``: none written (with ``resume``: resume without writing).
+    :param int every: also write it every this many steps (``0``: only at the end).
+    :param resume: a checkpoint file to resume from (its step, losses, parameters, optimiser and RNG states), ``True``
+        for ``path`` itself, or ``None``: a fresh run.
+    """
+
+    path: object = None
+    every: int = 0
+    resume: object = None
+
+    def __post_init__(self):
+        if self.path is not None and not isinstance(self.path, (str, os.PathLike)):
+            raise ValueError(f"Checkpoint.path must be a file path or None, got {self.path!r}")
+        if isinstance(self.every, bool) or not isinstance(self.every, numbers.Integral) or self.every < 0:
+            raise ValueError(f"Checkpoint.every must be an integer >= 0 (steps; 0: only at the end), got "
+                             f"{self.every!r}")
+        if self.every and self.path is None:
+            raise ValueError("Checkpoint.every needs a checkpoint path: Checkpoint(path, every=...)")
+        if self.resume is True and self.path is None:
+            raise ValueError("Checkpoint.resume=True resumes from path, and path is None: give the path")
+        if not (self.resume is None or self.resume is True or isinstance(self.resume, (str, os.PathLike))):
+            raise ValueError(f"Checkpoint.resume must be a file path, True (resume from path) or None, got "
+                             f"{self.resume!r}")
+
+    @property
+    def resume_path(self):
+        """The file to resume from (``path`` for ``resume=True``), or ``None``; no tensors, so shapes do not apply."""
+        return self.path if self.resume is True else self.resume
+
+
+def as_checkpoint(checkpoint) -> Checkpoint:
+    """``fit``'s ``checkpoint``: ``None`` (no checkpoint), a path (``Checkpoint(path)``) or a :class:`Checkpoint`; any
+    other value raises ``ValueError``. No tensors, so shapes do not apply."""
+    if isinstance(checkpoint, Checkpoint):
+        return checkpoint
+    if checkpoint is None or isinstance(checkpoint, (str, os.PathLike)):
+        return Checkpoint(checkpoint)
+    raise ValueError(f"checkpoint must be a file path, a ps.infer.Checkpoint(path, every=0, resume=None) or None, got "
+                     f"{checkpoint!r}")
 
 
 @dataclass
@@ -74,15 +123,16 @@ def _read_checkpoint(path) -> dict:
 
 def _check_optimizer_layout(path, optimizer, saved: dict) -> None:
     """A ``ValueError`` naming the file if the checkpoint's optimiser state has other parameter groups than
-    ``optimizer`` (a run with natural gradients on against one with them off, another ``natgrad_layers`` or ``elbo``:
+    ``optimizer`` (a run with natural gradients on against one with them off,
+                   another ``NaturalPolicy.layers`` or ``elbo``:
     they hand Adam different parameters), before anything is loaded."""
     ours = [len(g["params"]) for g in optimizer.param_groups]
     theirs = [len(g.get("params", ())) for g in saved.get("param_groups", ())]
     if ours != theirs:
         raise ValueError(
             f"checkpoint {path!r} was written by a run whose Adam trained other parameters (groups of {theirs} "
-            f"tensors; this run: {ours}): resume with the same natgrad_lr kind (natural gradients on or off), "
-            "natgrad_layers and elbo as the run that wrote it (or start afresh without resume)")
+            f"tensors; this run: {ours}): resume with the same natgrad kind (natural gradients on or off), "
+            "NaturalPolicy.layers and elbo as the run that wrote it (or start afresh without Checkpoint.resume)")
 
 
 def load_checkpoint(path, module, optimizer=None, expect: dict | None = None) -> FitState:

@@ -74,5 +74,5 @@ def check_same_data(X, y, num_data: int, device) -> None:
         raise ValueError(
             f"data-parallel fit: the ranks passed different data ({what}). With X, y or a dataset every rank must "
             "hold the whole data set in the same order: fit gives each rank its slice of every global minibatch. "
-            "For a shard per rank pass loader= (each rank's own batches) and num_data= the total size."
+            "For a shard per rank pass a DataLoader as X (each rank's own batches) and num_data= the total size."
         )

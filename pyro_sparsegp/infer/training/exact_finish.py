@@ -316,29 +316,29 @@ def resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps,
     a ``ValueError``), ``None``, or ``"auto"``: exact for an SVGP, SOLVE-GP or DeepGP with a Gaussian likelihood
     trained by natural gradients on the closed-form bound from ``X, y`` or a ``dataset`` (not a loader, which may be
     endless), without ``average`` (``fit`` passes it only where the average would set the families that the finish
-    sets: not a DeepGP's hidden layers' average under ``natgrad_layers="all"``), in a run of at least one epoch
+    sets: not a DeepGP's hidden layers' average under ``NaturalPolicy(layers="all")``), in a run of at least one epoch
     (``epochs`` = steps x global batch / N; the pass then costs at most the forward passes of the training). The
     finish is the full-data natural step of length 1 of Hensman, Fusi, Lawrence 2013, section 3.2. Returns
     ``(finish, skipped)``: ``skipped`` says why ``"auto"`` left out a finish the module could take (a loader, Adam
     on q(u), a run under one epoch), for fit's progress line, else ``None``. No tensors, so shapes do not apply."""
     if finish not in ("auto", "exact", None):
-        raise ValueError(f'finish must be "auto", "exact" or None, got {finish!r}')
+        raise ValueError(f'NaturalPolicy.finish must be "auto", "exact" or None, got {finish!r}')
     if finish == "exact":
         if (reason := why_not_exact_finish(module)) is not None:
-            raise ValueError(f'finish="exact" cannot finish this module: {reason}')
+            raise ValueError(f'NaturalPolicy(finish="exact") cannot finish this module: {reason}')
         if average is not None:
-            raise ValueError('average and finish="exact" both set q(u) and the noise at the end: choose one')
+            raise ValueError('NaturalPolicy.average and finish="exact" both set q(u) and the noise at the end: choose one')
         return True, None
     chosen_otherwise = finish is None or num_steps == 0 or elbo != "analytic" or average is not None
     if chosen_otherwise or not supports_exact_finish(module):
         return False, None
     if loader is not None:
-        return False, 'the data come from a loader, which may be endless (finish="exact" makes one pass of it)'
+        return False, 'the data come from a loader, which may be endless (NaturalPolicy(finish="exact") makes one pass of it)'
     if natgrad_lr is None:
-        return False, 'q(u) was trained by Adam (natgrad_lr=None); finish="exact" adds the finish'
+        return False, 'q(u) was trained by Adam (natgrad=None); NaturalPolicy(finish="exact") adds the finish'
     if epochs < 1:
         return False, (f"the run saw {epochs:.2g} of an epoch, less than the pass would read "
-                       '(finish="exact" forces it)')
+                       '(NaturalPolicy(finish="exact") forces it)')
     return True, None
 
 

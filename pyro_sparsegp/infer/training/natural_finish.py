@@ -203,27 +203,27 @@ def resolve_any_finish(module, finish, elbo, natgrad_lr, loader, average, num_st
     the module could take (for fit's progress line). No tensors, so shapes do not apply (Khan and Lin 2017's fixed
     point, eq. 10; module docstring)."""
     if finish not in ("auto", "exact", "natural", None):
-        raise ValueError(f'finish must be "auto", "exact", "natural" or None, got {finish!r}')
+        raise ValueError(f'NaturalPolicy.finish must be "auto", "exact", "natural" or None, got {finish!r}')
     if finish in ("exact", None) or (finish == "auto" and supports_exact_finish(module)):
         done, skipped = resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps, epochs)
         return ("exact" if done else None), (skipped and f"no exact finish: {skipped}"), 0
     reason = why_not_natural_finish(module, elbo)
     if finish == "natural":
         if reason is not None:
-            raise ValueError(f'finish="natural" cannot finish this module: {reason}')
+            raise ValueError(f'NaturalPolicy(finish="natural") cannot finish this module: {reason}')
         if average is not None:
-            raise ValueError('average and finish="natural" both set q(u) at the end: choose one')
+            raise ValueError('NaturalPolicy.average and finish="natural" both set q(u) at the end: choose one')
         return "natural", None, DEFAULT_PASSES
     if reason is not None or num_steps == 0 or average is not None:
         return None, None, 0
     if loader is not None:
-        return None, ('no natural finish: the data come from a loader, which may be endless (finish="natural" makes '
+        return None, ('no natural finish: the data come from a loader, which may be endless (NaturalPolicy(finish="natural") makes '
                       'passes of it)'), 0
     if natgrad_lr is None:
-        return None, 'no natural finish: q(u) was trained by Adam (natgrad_lr=None); finish="natural" adds it', 0
+        return None, 'no natural finish: q(u) was trained by Adam (natgrad=None); NaturalPolicy(finish="natural") adds it', 0
     passes = min(DEFAULT_PASSES, int(epochs // EPOCHS_PER_PASS))
     if passes < 1:
         return None, (f"no natural finish: the run saw {epochs:.2g} epochs, fewer than the {EPOCHS_PER_PASS} per "
-                      'full-data pass that keep the finish within a quarter of the training (finish="natural" forces '
+                      'full-data pass that keep the finish within a quarter of the training (NaturalPolicy(finish="natural") forces '
                       "it)"), 0
     return "natural", None, passes

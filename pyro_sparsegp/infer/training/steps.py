@@ -31,6 +31,7 @@ from ..natgrad import (
     set_natgrad_probes,
     solvegp_joint_natgrad_from_grads_,
 )
+from ..natgrad.natural_policy import NaturalPolicy
 from ..natgrad.optimizer import NaturalGradient
 from ..natgrad.policy import resolve_natgrad
 from .distributed import average_loss_and_gradients
@@ -61,7 +62,7 @@ def _create_lazy_parameters(module, Xb, yb, num_data) -> None:
 class _TorchOptim(PyroOptim):
     """A ``PyroOptim`` over one torch optimiser built beforehand on a fixed list of parameters (``fit``'s Adam):
     a call steps every one of them that has a gradient, except those in ``skip`` (a hidden layer's family is among
-    Adam's parameters until it joins the natural steps, ``natgrad_hidden_start``; from then on it is skipped), and
+    Adam's parameters until it joins the natural steps, ``NaturalPolicy.hidden_start``; from then on it is skipped), and
     the state is the torch optimiser's ``state_dict``. Takes and returns no tensor, so shapes do not apply."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):  # no PyroOptim.__init__: no per-parameter optimisers
@@ -102,7 +103,8 @@ class TrainingStep:
         self.plan = plan if plan is not None else resolve_natgrad(module, natgrad_lr, elbo, elbo)[1]
         families = self.plan.families() if natgrad_lr else []
         if natgrad_lr and not families:
-            raise ValueError("natgrad_lr needs a module with a full-covariance Gaussian variational family (q_u)")
+            raise ValueError("natural steps (NaturalPolicy.lr) need a module with a full-covariance Gaussian variational "
+                             "family (q_u): pass natgrad=None for Adam")
         self.module, self.elbo, self.num_data, self.natgrad_lr, self.world_size = (
             module, elbo, num_data, natgrad_lr, world_size)
         self.noise_lik = noise_natgrad_likelihood(module) if families else None
@@ -113,7 +115,7 @@ class TrainingStep:
         self.pairs = natgrad_pairs(module, trainable) if elbo == "analytic" else []
         paired = {id(q) for gp in self.pairs for q in (gp.q_u, gp.q_v)}
         solo = [q for q in families if id(q) not in paired]
-        self.late = self.plan.late(families)  # Adam's until they join the natural steps (natgrad_hidden_start)
+        self.late = self.plan.late(families)  # Adam's until they join the natural steps (NaturalPolicy.hidden_start)
         late = {id(q) for q in self.late}
         nat_ids = {id(p) for q in families if id(q) not in late for p in q.parameters()}
         if self.noise_lik is not None:
@@ -131,8 +133,8 @@ class TrainingStep:
         # before the join (plan.hidden_start): the families, pairs and Adam's skipped ids, fixed once (no per-step work)
         self._early = (self.plan.active(0, solo), [gp for gp in self.pairs if id(gp.q_u) not in late])
         self._late_ids = {id(p) for q in self.late for p in q.parameters()}
-        self.engine = NaturalGradient(adam, self.plan.schedule, families=solo, num_obs=num_obs,
-                                      retraction=self.plan.retract)
+        self.engine = NaturalGradient(adam, NaturalPolicy(lr=self.plan.schedule, retraction=self.plan.retract),
+                                      families=solo, num_obs=num_obs)
         # what NaturalGradient is handed: not the pairs' families (their joint step is below) nor another Gaussian
         # likelihood's noise (Adam's: only the module's likelihood takes the Fisher-scoring step)
         others = {id(p) for gp in self.pairs for q in (gp.q_u, gp.q_v) for p in q.parameters()}

@@ -1,5 +1,6 @@
 """Natural steps on every layer of a deep GP with the hidden layers joining late (issue #26, the DGP target):
-``fit(natgrad_layers="all", natgrad_hidden_start=k)`` trains the hidden layers' q(u) with Adam for steps ``0 .. k-1``
+``fit(natgrad=ps.infer.NaturalPolicy(layers="all",
+                                     hidden_start=k))`` trains the hidden layers' q(u) with Adam for steps ``0 .. k-1``
 and with natural steps from step ``k`` on, with one Adam state throughout (no restart), and resumes identically
 across the join."""
 
@@ -17,7 +18,7 @@ from pyro_sparsegp.infer import fit
 from pyro_sparsegp.infer.natgrad import NatGradDampingWarning
 from pyro_sparsegp.infer.natgrad.policy import AUTO_HIDDEN_START, resolve_natgrad
 
-fit_module = importlib.import_module("pyro_sparsegp.infer.training.fit")  # the module; ps.infer.fit is the function
+fit_module = importlib.import_module("pyro_sparsegp.infer.training.loop")  # the module; ps.infer.fit is the function
 
 
 def _data(n=80):
@@ -40,7 +41,7 @@ def test_hidden_layers_take_natural_steps_from_the_start_with_hidden_start_0():
     h0 = hidden.u_scale_tril.detach().clone()
     with warnings.catch_warnings():
         warnings.simplefilter("error", NatGradDampingWarning)
-        st = fit(dgp, X, y, num_steps=30, batch_size=40, natgrad_layers="all", natgrad_hidden_start=0,
+        st = fit(dgp, X, y, num_steps=30, batch_size=40, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=0),
                  progress=False)
     assert all(math.isfinite(v) for v in st.losses)
     # natural steps shrink the hidden layer's precision by about (1 - 0.1) per step (the scale by its root):
@@ -70,7 +71,8 @@ def test_hidden_layers_join_the_natural_steps_at_hidden_start(monkeypatch):
 
     monkeypatch.setattr(natural_gradient, "natgrad_from_grads_", spy)
     monkeypatch.setattr(fit_module, "TrainingStep", Recorded)
-    fit(dgp, X, y, num_steps=8, batch_size=40, natgrad_layers="all", natgrad_hidden_start=3, progress=False,
+    fit(dgp, X, y, num_steps=8, batch_size=40, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=3),
+        progress=False,
         callback=lambda step, loss: stepped.append([]))
     per_step = [{id(q) for q in s} for s in stepped[:8]]
     assert per_step[:3] == [{id(last)}] * 3
@@ -86,11 +88,11 @@ def test_the_log_says_when_the_hidden_layers_join(capsys):
     """With progress shown, a line on stderr names the step from which the hidden layers take natural steps (a log
     read later says why the loss changes pace there); none where nothing joins late."""
     X, y = _data()
-    fit(_dgp(X), X, y, num_steps=4, batch_size=40, natgrad_layers="all")
-    assert "natural steps from step 2 (natgrad_hidden_start)" in capsys.readouterr().err
-    fit(_dgp(X), X, y, num_steps=4, batch_size=40, natgrad_layers="all", natgrad_hidden_start=0)
+    fit(_dgp(X), X, y, num_steps=4, batch_size=40, natgrad=ps.infer.NaturalPolicy(layers="all"))
+    assert "natural steps from step 2 (NaturalPolicy.hidden_start)" in capsys.readouterr().err
+    fit(_dgp(X), X, y, num_steps=4, batch_size=40, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=0))
     fit(_dgp(X), X, y, num_steps=4, batch_size=40)
-    assert "natgrad_hidden_start" not in capsys.readouterr().err
+    assert "hidden_start" not in capsys.readouterr().err
 
 
 def test_auto_hidden_start_is_half_the_steps_and_only_for_all():
@@ -109,11 +111,13 @@ def test_auto_hidden_start_is_half_the_steps_and_only_for_all():
     _, plan = resolve_natgrad(svgp, 0.1, None, "analytic", layers="all", num_steps=100)
     assert plan.late(plan.families()) == []
     for bad in (-1, 2.5, True, "half"):
-        with pytest.raises(ValueError, match="natgrad_hidden_start"):
-            fit(dgp, *_data(), num_steps=2, natgrad_layers="all", natgrad_hidden_start=bad, progress=False)
+        with pytest.raises(ValueError, match="NaturalPolicy.hidden_start"):
+            fit(dgp, *_data(), num_steps=2, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=bad),
+                progress=False)
 
 
-@pytest.mark.parametrize("layers", [{}, dict(natgrad_layers="all", natgrad_hidden_start=4)], ids=["last", "join"])
+@pytest.mark.parametrize("layers", [{}, dict(natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=4))],
+                         ids=["last", "join"])
 def test_a_run_resumed_across_the_join_ends_where_an_unbroken_one_does(tmp_path, layers):
     """A DeepGP run resumed from a checkpoint written at the end of a shorter run (after its exact finish, which
     samples the hidden layers: the checkpoint keeps the loop's RNG state) ends where an unbroken one does, also when
@@ -125,7 +129,7 @@ def test_a_run_resumed_across_the_join_ends_where_an_unbroken_one_does(tmp_path,
     path = tmp_path / "ckpt.pt"
     fit(_dgp(X), X, y, num_steps=3, checkpoint=str(path), **kw)
     resumed = _dgp(X)
-    fit(resumed, X, y, num_steps=8, resume=str(path), **kw)
+    fit(resumed, X, y, num_steps=8, checkpoint=ps.infer.Checkpoint(None, resume=str(path)), **kw)
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-8), name
 
@@ -144,7 +148,7 @@ def test_an_svi_program_joins_the_hidden_layer_by_changing_the_families(monkeypa
     dgp = _dgp(X)
     hidden, last = dgp.layers[0].q_u, dgp.layers[-1].q_u
     pyro.clear_param_store()
-    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1, families=natgrad_families(dgp))
+    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.1, families=natgrad_families(dgp))
     svi = SVI(dgp.model, dgp.guide, opt, TraceMeanField_ELBO(num_particles=2, vectorize_particles=True))
     stepped, real_step = [], natural_gradient.natgrad_from_grads_
 
@@ -220,8 +224,8 @@ def test_an_average_of_the_hidden_layers_goes_with_the_exact_finish_of_the_last(
             trainers.append(self)
 
     monkeypatch.setattr(fit_module, "TrainingStep", Recorded)
-    fit(dgp, X, y, num_steps=8, batch_size=40, natgrad_layers="all", natgrad_hidden_start=0, average=0.5,
-        finish="exact", callback=lambda step, loss: seen.append(IterateAverage.natural(hidden)) if step > 4 else None)
+    fit(dgp, X, y, num_steps=8, batch_size=40, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=0,
+                                                                              average=0.5, finish="exact"), callback=lambda step, loss: seen.append(IterateAverage.natural(hidden)) if step > 4 else None)
     assert "exact finish of the last layer's q(u)" in capsys.readouterr().err
     averager = trainers[0].plan.averager
     assert averager.families == [hidden] and averager.noises == [] and averager.count == 4
@@ -230,7 +234,7 @@ def test_an_average_of_the_hidden_layers_goes_with_the_exact_finish_of_the_last(
     assert torch.allclose(eta, sum(e for e, _ in seen) / 4, rtol=1e-6, atol=1e-8)
     svgp = ps.SVGP(dgp.layers[0].kernel, X[:5], ps.Gaussian(0.1))
     with pytest.raises(ValueError, match="choose one"):
-        fit(svgp, X, y, num_steps=2, average=0.5, finish="exact", progress=False)
+        fit(svgp, X, y, num_steps=2, natgrad=ps.infer.NaturalPolicy(average=0.5, finish="exact"), progress=False)
 
 
 def test_auto_average_covers_the_hidden_layers_of_all_beside_the_exact_finish(monkeypatch, capsys):
@@ -249,13 +253,14 @@ def test_auto_average_covers_the_hidden_layers_of_all_beside_the_exact_finish(mo
 
     monkeypatch.setattr(fit_module, "TrainingStep", Recorded)
     dgp = _dgp(X)
-    state = fit(dgp, X, y, num_steps=10, batch_size=40, natgrad_layers="all")  # progress shown; warnings: errors
+    state = fit(dgp, X, y, num_steps=10, batch_size=40,
+                natgrad=ps.infer.NaturalPolicy(layers="all"))  # progress shown; warnings: errors
     assert state.not_averaged == ["layer0.q_u"]
     plan = trainers[-1].plan
     assert plan.average == AUTO_HIDDEN_AVERAGE and plan.averager.families == [dgp.layers[0].q_u]
     assert plan.averager.start == 9 and plan.averager.kept == ["layer0.q_u"]  # 10 steps: near its 1e-5 start
     assert "no iterate average of layer0.q_u" in capsys.readouterr().err
-    for kw in (dict(), dict(natgrad_layers="all", finish=None)):
+    for kw in (dict(), dict(natgrad=ps.infer.NaturalPolicy(layers="all", finish=None))):
         fit(_dgp(X), X, y, num_steps=2, batch_size=40, progress=False, **kw)
         assert trainers[-1].plan.average is None and trainers[-1].plan.averager is None
     fit(ps.SVGP(dgp.layers[0].kernel, X[:5], ps.Gaussian(0.1)), X, y, num_steps=2, progress=False)
@@ -283,5 +288,5 @@ def test_adam_still_trains_a_second_gaussian_noise_beside_the_natural_steps():
 
     two = Two()
     noises = [float(two.a.likelihood.noise.detach()), float(two.b.likelihood.noise.detach())]
-    fit(two, X, y, num_steps=5, batch_size=40, natgrad_lr=0.1, progress=False, finish=None)
+    fit(two, X, y, num_steps=5, batch_size=40, natgrad=ps.infer.NaturalPolicy(lr=0.1, finish=None), progress=False)
     assert float(two.a.likelihood.noise.detach()) != noises[0] and float(two.b.likelihood.noise.detach()) != noises[1]

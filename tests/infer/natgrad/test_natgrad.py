@@ -151,7 +151,7 @@ def test_noise_step_needs_a_gradient_and_skips_a_frozen_noise_or_one_with_a_prio
     gp.likelihood.noise_unconstrained.requires_grad_(False)  # frozen by the user: fit leaves it alone
     assert noise_natgrad_likelihood(gp) is None
     before = gp.likelihood.noise.detach().clone()
-    fit(gp, X, y, num_steps=2, batch_size=N, natgrad_lr=0.5, progress=False)
+    fit(gp, X, y, num_steps=2, batch_size=N, natgrad=0.5, progress=False)
     assert torch.equal(gp.likelihood.noise.detach(), before)
     gp.likelihood.noise = PyroSample(dist.LogNormal(-2.0, 1.0))
     assert noise_natgrad_likelihood(gp) is None
@@ -185,7 +185,7 @@ def test_fit_with_natural_gradients_reaches_the_collapsed_optimum_in_the_noise(n
     (found independently by a golden-section search on the dense bound) and q(u) optimal at that noise."""
     X, y, gp = _gp(whiten=False, num_outputs=num_outputs)
     yt = y.mT if num_outputs else y  # [(L,) N]: the outputs share the noise
-    fit(gp, X, y, num_steps=100, batch_size=N, lr=1e-12, natgrad_lr=1.0, progress=False)
+    fit(gp, X, y, num_steps=100, batch_size=N, lr=1e-12, natgrad=1.0, progress=False)
     k = gp.kernel
     with torch.no_grad():
         Kuu, Kuf, kd = k(gp.Z) + 1e-10 * torch.eye(M), k(gp.Z, X), k(X, diag=True)

@@ -167,7 +167,7 @@ def test_fit_with_natural_gradients_reaches_the_solvegp_optimum():
     28-29 at the noise it reached)."""
     X, y = _data()
     gp = _solve(whiten=True)
-    fit(gp, X, y, num_steps=60, batch_size=N, lr=1e-12, natgrad_lr=1.0, progress=False)
+    fit(gp, X, y, num_steps=60, batch_size=N, lr=1e-12, natgrad=1.0, progress=False)
     k = gp.kernel
     with torch.no_grad():
         s2 = gp.likelihood.noise
@@ -180,7 +180,7 @@ def test_fit_trains_odvgp_with_natural_gradients_on_q_u():
     X, y = _data()
     gp = ps.SOLVEGP(RBF(D), X[:M].clone(), X[M : M + M2].clone(), ps.Gaussian(0.1), odvgp=True)
     before = gp.q_v.u_loc.detach().clone()
-    state = fit(gp, X, y, num_steps=40, batch_size=25, lr=0.02, natgrad_lr=0.5, progress=False)
+    state = fit(gp, X, y, num_steps=40, batch_size=25, lr=0.02, natgrad=0.5, progress=False)
     assert state.losses[-1] < state.losses[0]
     assert not torch.equal(gp.q_v.u_loc.detach(), before)  # Adam trained the mean-only q(v⊥)
 
@@ -263,7 +263,7 @@ def test_fit_steps_solvegp_means_jointly(whiten):
     gp = _solve(whiten)
     gp.likelihood.noise_unconstrained.requires_grad_(False)
     _start_anywhere(gp, X, whiten)
-    fit(gp, X, y, num_steps=1, batch_size=N, lr=1e-12, natgrad_lr=1.0, progress=False)
+    fit(gp, X, y, num_steps=1, batch_size=N, lr=1e-12, natgrad=1.0, progress=False)
     _assert_at_joint_optimum(gp, X, y, whiten, 1e-5)
     assert gp.strategy.cross_probe is None
 
@@ -338,7 +338,7 @@ def test_fit_with_a_pyro_elbo_takes_the_factors_own_steps():
     before = [gp.q_u.u_loc.detach().clone(), gp.q_v.u_loc.detach().clone()]
     with warnings.catch_warnings():  # a one-sample estimate of the covariance gradient may need its step damped
         warnings.simplefilter("ignore", NatGradDampingWarning)
-        fit(gp, X, y, num_steps=3, batch_size=N, lr=1e-3, natgrad_lr=0.05, elbo=TraceMeanField_ELBO(),
+        fit(gp, X, y, num_steps=3, batch_size=N, lr=1e-3, natgrad=0.05, elbo=TraceMeanField_ELBO(),
             progress=False)
     after = [gp.q_u.u_loc.detach(), gp.q_v.u_loc.detach()]
     for b, a in zip(before, after, strict=True):
@@ -367,8 +367,8 @@ def test_fit_step_under_a_pyro_elbo_is_natgrad_from_grads_on_the_same_gradients(
             seen.append(idx)
             return X[idx], y[idx]
 
-    fit(gp, dataset=Recorded(), num_steps=1, batch_size=N, lr=1e-3, natgrad_lr=0.05, elbo=TraceMeanField_ELBO(),
-        natgrad_retraction=True, progress=False)  # the positive-definite step: a one-sample gradient never damps
+    fit(gp, Recorded(), num_steps=1, batch_size=N, lr=1e-3, natgrad=ps.infer.NaturalPolicy(lr=0.05, retraction=True),
+        elbo=TraceMeanField_ELBO(), progress=False)  # the positive-definite step: a one-sample gradient never damps
     idx = seen[-1]
     pyro.set_rng_seed(0)  # fit's seed=0 at a fresh run's start
     TraceMeanField_ELBO().differentiable_loss(replica.model, replica.guide, X[idx], y[idx], num_data=N).backward()

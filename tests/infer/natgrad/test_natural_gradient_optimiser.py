@@ -78,7 +78,8 @@ def test_one_full_batch_step_of_length_one_lands_on_the_optimal_qu(store, whiten
     gp = _gp(whiten)
     reference = _gp(whiten)
     dgp = DeepGP([gp], marginalize_last=True)
-    svi = SVI(dgp.model, dgp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=1.0, retraction=False),
+    svi = SVI(dgp.model, dgp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}),
+                                                    natgrad=ps.infer.NaturalPolicy(lr=1.0, retraction=False)),
               TraceMeanField_ELBO())  # the plain step: exact with a deterministic ELBO
     before = _qu(gp)
     svi.step(X, y)
@@ -118,7 +119,8 @@ def test_with_the_layers_own_model_a_step_is_right_on_average_over_particles():
             for r, s0 in zip(raws, start, strict=True):
                 r.copy_(s0)
         elbo = Trace_ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=1)
-        SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=1.0, retraction=False),
+        SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad=ps.infer.NaturalPolicy(lr=1.0,
+                                                                                                             retraction=False)),
             elbo).step(X, y)
         draws.append(_natural(gp.q_u).double())
     draws = torch.stack(draws)  # [12, 27]
@@ -151,7 +153,7 @@ def _svi_loss_per_point(optim, seed, X, y, steps=200):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_readme_recipe_converges_with_a_one_sample_trace_elbo(seed):
-    """``SVI(model, guide, NaturalGradient(Adam(0.01), natgrad_lr=0.1), Trace_ELBO())`` with one particle: the
+    """``SVI(model, guide, NaturalGradient(Adam(0.01), natgrad=0.1), Trace_ELBO())`` with one particle: the
     default positive-definite step ends ahead of Adam alone after the same steps (by 0.14 to 0.7 nats per point over
     these seeds and dtypes); the plain step
     (``retraction=False``) follows the sampled gradient's noise until the loss is astronomical (its precision stays
@@ -159,18 +161,19 @@ def test_the_readme_recipe_converges_with_a_one_sample_trace_elbo(seed):
     X, y = _sine_data()
     with warnings.catch_warnings():
         warnings.simplefilter("error", ps.infer.natgrad.NatGradDampingWarning)  # the default step is never damped
-        nat = _svi_loss_per_point(NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1), seed, X, y)
+        nat = _svi_loss_per_point(NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.1), seed, X, y)
     adam = _svi_loss_per_point(pyro.optim.Adam({"lr": 0.01}), seed, X, y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ps.infer.natgrad.NatGradDampingWarning)
-        plain = _svi_loss_per_point(NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1, retraction=False),
+        plain = _svi_loss_per_point(NaturalGradient(pyro.optim.Adam({"lr": 0.01}),
+                                                    natgrad=ps.infer.NaturalPolicy(lr=0.1, retraction=False)),
                                     seed, X, y)
     assert math.isfinite(nat) and nat < adam
     assert not plain < 1e3  # diverged (or NaN)
 
 
 def test_fit_with_a_pyro_elbo_takes_the_positive_definite_step():
-    """``fit(..., elbo=Trace_ELBO(), natgrad_lr=0.1)``: a Monte Carlo gradient, so every family takes the
+    """``fit(..., elbo=Trace_ELBO(), natgrad=0.1)``: a Monte Carlo gradient, so every family takes the
     positive-definite step ("auto" retraction); it ends ahead of Adam alone (``natgrad_lr=None``)."""
     X, y = _sine_data()
     losses = {}
@@ -178,7 +181,7 @@ def test_fit_with_a_pyro_elbo_takes_the_positive_definite_step():
         gp = ps.SVGP(RBF(3, lengthscale=torch.ones(3)), X[:16].clone(), ps.Gaussian(0.1))
         with warnings.catch_warnings():
             warnings.simplefilter("error", ps.infer.natgrad.NatGradDampingWarning)
-            fit(gp, X, y, num_steps=200, batch_size=128, natgrad_lr=lr, elbo=Trace_ELBO(), seed=0, progress=False)
+            fit(gp, X, y, num_steps=200, batch_size=128, natgrad=lr, elbo=Trace_ELBO(), seed=0, progress=False)
         with torch.no_grad():
             losses[lr] = -gp.analytic_elbo(X, y).item() / len(X)
     assert math.isfinite(losses[0.1]) and losses[0.1] < losses[None]
@@ -187,7 +190,7 @@ def test_fit_with_a_pyro_elbo_takes_the_positive_definite_step():
 @STORES
 def test_the_step_is_natgrad_from_grads_and_fits_step(store):
     """One SVI step with NaturalGradient(Adam) equals (i) the ELBO's backward pass, natgrad_from_grads_ and torch's
-    Adam by hand, and (ii) one step of fit(..., elbo=Trace_ELBO(), natgrad_lr=...), from the same seed."""
+    Adam by hand, and (ii) one step of fit(..., elbo=Trace_ELBO(), natgrad=...), from the same seed."""
     tol = dict(rtol=1e-6, atol=1e-6) if torch.get_default_dtype() == torch.float64 else dict(rtol=1e-4, atol=1e-4)
     X, y = _data()
     gps = [_gp(True, integrate_f=True) for _ in range(3)]
@@ -196,7 +199,7 @@ def test_the_step_is_natgrad_from_grads_and_fits_step(store):
     a, b, c = gps
     elbo = lambda: Trace_ELBO(num_particles=64, vectorize_particles=True, max_plate_nesting=1)  # noqa: E731
     pyro.set_rng_seed(3)
-    svi = SVI(a.model, a.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.02}), natgrad_lr=0.3), elbo())
+    svi = SVI(a.model, a.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.02}), natgrad=0.3), elbo())
     svi.step(X, y, num_data=N)
 
     pyro.set_rng_seed(3)
@@ -206,7 +209,7 @@ def test_the_step_is_natgrad_from_grads_and_fits_step(store):
     rest = [p for n, p in b.named_parameters() if "q_u" not in n and p.requires_grad]
     torch.optim.Adam(rest, lr=0.02).step()
 
-    fit(c, X, y, num_steps=1, batch_size=N, lr=0.02, natgrad_lr=0.3, elbo=elbo(), seed=3, progress=False)
+    fit(c, X, y, num_steps=1, batch_size=N, lr=0.02, natgrad=0.3, elbo=elbo(), seed=3, progress=False)
     for other in (b, c):
         for got, want in zip(_qu(a), _qu(other), strict=True):
             torch.testing.assert_close(got, want, **tol)
@@ -235,10 +238,10 @@ def test_hyperpriors_and_an_autoguide_train_beside_natural_steps(store):
     alone at the same learning rate."""
     X, y, gp, guide, elbo = _hyperprior_program("hp0")
     before = _qu(gp)
-    SVI(gp.model, guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=0.01), elbo).step(X, y)
+    SVI(gp.model, guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad=0.01), elbo).step(X, y)
     assert _changed(gp.q_u, before)
     runs = {}
-    for name, optim in [("nat", NaturalGradient(pyro.optim.Adam({"lr": 0.02}), natgrad_lr=0.01)),
+    for name, optim in [("nat", NaturalGradient(pyro.optim.Adam({"lr": 0.02}), natgrad=0.01)),
                         ("adam", pyro.optim.Adam({"lr": 0.02}))]:
         X, y, gp, guide, elbo = _hyperprior_program(name)
         svi = SVI(gp.model, guide, optim, elbo)
@@ -281,7 +284,7 @@ def test_every_deep_gp_layer_takes_natural_steps(store, lik):
 
     start = bound()
     many = TraceMeanField_ELBO(num_particles=64, vectorize_particles=True, max_plate_nesting=2)
-    SVI(dgp.model, dgp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=0.05), many).step(X, y)
+    SVI(dgp.model, dgp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad=0.05), many).step(X, y)
     for layer, b in zip(dgp.layers, before, strict=True):  # Adam with lr 0 moves nothing: natural steps did
         # (the hidden layer's mean has a zero gradient at this start, where the last layer's mean is zero)
         assert not torch.allclose(layer.q_u.u_scale_tril @ layer.q_u.u_scale_tril.mT, b[1]), layer.name
@@ -289,7 +292,7 @@ def test_every_deep_gp_layer_takes_natural_steps(store, lik):
     # raise the bound (by 4-7 nats here with the Bernoulli likelihood, 150-200 with the Gaussian; measured on common
     # draws, whose difference is far less noisy than either value)
     assert bound() > start + 0.5, (start, bound())
-    svi = SVI(dgp.model, dgp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.05), elbo)
+    svi = SVI(dgp.model, dgp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.05), elbo)
     steps = 20 if lik == "gaussian" else 30
     losses = [svi.step(X, y) for _ in range(steps)]
     assert all(math.isfinite(v) for v in losses)
@@ -310,7 +313,8 @@ def test_a_length_one_step_on_a_deep_gps_last_layer_lands_on_its_dense_optimum()
                      mean_function=ps.mean_functions.Identity(), name="hidden")
     last = _gp(True)
     dgp = DeepGP([hidden, last], marginalize_last=True)
-    optim = NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=1.0, retraction=False, families=[last.q_u])
+    optim = NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad=ps.infer.NaturalPolicy(lr=1.0, retraction=False),
+                            families=[last.q_u])
     before = _qu(last)
     SVI(dgp.model, dgp.guide, optim, TraceMeanField_ELBO(max_plate_nesting=2)).step(X, y)
     m, S = _dense_optimum(last, X, y)
@@ -324,21 +328,21 @@ def test_the_step_length_and_the_wrapped_optimiser_are_checked():
     adam = pyro.optim.Adam({"lr": 0.01})
     for bad in (0.0, -0.1, 1.5, float("nan"), "0.1", True):
         with pytest.raises(ValueError, match=r"\(0, 1\]"):
-            NaturalGradient(adam, natgrad_lr=bad)
+            NaturalGradient(adam, natgrad=bad)
     with pytest.raises(ValueError, match="pass that optimiser to SVI itself"):  # not fit's "leave natgrad_lr=None"
-        NaturalGradient(adam, natgrad_lr=None)
-    assert repr(NaturalGradient(adam, 0.1)) == "NaturalGradient(Adam, natgrad_lr=0.1)"  # the wrapped torch class
-    assert "retraction=False" in repr(NaturalGradient(adam, 0.1, retraction=False))
+        NaturalGradient(adam, natgrad=None)
+    assert repr(NaturalGradient(adam, 0.1)) == "NaturalGradient(Adam, natgrad=0.1)"  # the wrapped torch class
+    assert "retraction=False" in repr(NaturalGradient(adam, ps.infer.NaturalPolicy(lr=0.1, retraction=False)))
     for bad in (torch.optim.Adam, {"lr": 0.01}, None, NaturalGradient(adam, 0.1)):
         with pytest.raises(TypeError, match="pyro.optim.PyroOptim"):
-            NaturalGradient(bad, natgrad_lr=0.1)
+            NaturalGradient(bad, natgrad=0.1)
 
 
 def test_a_family_with_a_gradient_in_its_mean_only_is_refused():
     X, y = _data()
     gp = _gp(integrate_f=True)
     gp.q_u.u_scale_tril_unconstrained.requires_grad_(False)
-    svi = SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1), Trace_ELBO())
+    svi = SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.1), Trace_ELBO())
     with pytest.raises(ValueError, match="u_scale_tril"):
         svi.step(X, y)
 
@@ -355,7 +359,7 @@ def test_the_wrapped_optimisers_state_round_trips(tmp_path):
     with pyro.settings.context(module_local_params=False):  # PyroOptim names its states by the global store
         X, y = _data()
         gp = DeepGP([_gp()], marginalize_last=True)  # exact gradients of q(u): no damping at any step length
-        opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1)
+        opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.1)
         svi = SVI(gp.model, gp.guide, opt, TraceMeanField_ELBO())
         for _ in range(3):
             svi.step(X, y)
@@ -366,7 +370,7 @@ def test_the_wrapped_optimisers_state_round_trips(tmp_path):
         assert any(name.endswith("lengthscale") for name in state)
         opt.save(tmp_path / "opt.pt")
         for restore in ("set_state", "load"):
-            other = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1)
+            other = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=0.1)
             if restore == "set_state":
                 other.set_state(copy.deepcopy(state))
             else:
@@ -389,7 +393,7 @@ def test_solvegp_families_take_natural_steps_and_odvgps_mean_goes_to_the_wrapped
     gp = ps.SOLVEGP(RBF(D), _gp().Z, O, ps.Gaussian(0.1), integrate_f=True, odvgp=odvgp)
     before = {name: _qu_or_mean(getattr(gp, name)) for name in ("q_u", "q_v")}
     elbo = TraceMeanField_ELBO(num_particles=64, vectorize_particles=True, max_plate_nesting=1)
-    SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=0.05), elbo).step(X, y)
+    SVI(gp.model, gp.guide, NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad=0.05), elbo).step(X, y)
     assert _changed(gp.q_u, before["q_u"])
     if odvgp:
         torch.testing.assert_close(gp.q_v.u_loc, before["q_v"][0])
@@ -413,7 +417,7 @@ def test_with_num_obs_the_noise_takes_fits_fisher_step(store):
     for how in ("optim", "fit", "adam"):
         dgp = DeepGP([_gp(noise=0.5)], marginalize_last=True)
         if how == "fit":
-            fit(dgp, X, y, num_steps=1, batch_size=N, lr=0.01, natgrad_lr=1.0, elbo=TraceMeanField_ELBO(),
+            fit(dgp, X, y, num_steps=1, batch_size=N, lr=0.01, natgrad=1.0, elbo=TraceMeanField_ELBO(),
                 progress=False)
         else:
             opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), 1.0, num_obs=N if how == "optim" else None)

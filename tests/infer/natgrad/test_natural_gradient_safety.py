@@ -81,29 +81,30 @@ def test_fit_first_step_lands_on_the_optimal_q_of_its_batch():
         A = torch.linalg.solve_triangular(torch.linalg.cholesky(Kuu), gp.kernel(gp.Z, X), upper=False)
         S = torch.linalg.inv(torch.eye(6) + A @ A.mT / s2)
         m = S @ A @ y / s2
-    fit(gp, X, y, num_steps=1, batch_size=len(X), progress=False, finish=None)  # the step itself
+    fit(gp, X, y, num_steps=1, batch_size=len(X), progress=False,
+        natgrad=ps.infer.NaturalPolicy(finish=None))  # the step itself
     with torch.no_grad():
         Sq = gp.q_u.u_scale_tril @ gp.q_u.u_scale_tril.mT
         tol = 1e-7 if torch.get_default_dtype() == torch.float64 else 2e-3
         assert torch.allclose(gp.q_u.u_loc.reshape(-1), m, atol=tol), (gp.q_u.u_loc, m)
         assert torch.allclose(Sq.reshape(6, 6), S, atol=tol)
     gp2 = ps.SVGP(RBF(1, lengthscale=torch.tensor(0.7)), X[:6].clone(), ps.Gaussian(0.2))
-    fit(gp2, X, y, num_steps=1, batch_size=len(X), progress=False, natgrad_warmup=0,
-        finish=None)  # constant: 10% of the way
+    fit(gp2, X, y, num_steps=1, batch_size=len(X), progress=False, natgrad=ps.infer.NaturalPolicy(warmup=0,
+                                                                                                  finish=None))  # constant: 10% of the way
     with torch.no_grad():
         assert (gp2.q_u.u_loc.reshape(-1) - m).norm() > 0.1 * m.norm()  # (0.46 of 1.64 here)
 
 
 def test_natural_gradient_optimiser_follows_the_warmup():
-    """``NaturalGradient(warmup=K)``: the k-th call steps with the schedule's k-th length (a conjugate full-batch
+    """``NaturalGradient`` with a warm-up schedule: the k-th call steps with the schedule's k-th length (a conjugate full-batch
     step of length rho moves the natural parameters exactly a fraction rho of the way to the optimum)."""
     g = torch.Generator(torch.get_default_device()).manual_seed(0)
     X = torch.rand(30, 1, generator=g).to(torch.get_default_dtype()) * 4 - 2
     y = torch.sin(2 * X[:, 0])
     gp = ps.SVGP(RBF(1, lengthscale=torch.tensor(0.8)), X[:5].clone(), ps.Gaussian(0.1), whiten=True)
-    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.0}), natgrad_lr=0.5, warmup=3, warmup_start=0.01,
-                          retraction=False)  # the plain step: a fraction rho of the way, exactly
-    assert opt.natgrad_lr == 0.5 and "warmup=3" in repr(opt)
+    policy = ps.infer.NaturalPolicy(lr=LogLinearWarmup(0.5, 3, 0.01), retraction=False)  # the plain step: exact
+    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.0}), policy)
+    assert opt.natgrad_lr == 0.5 and "steps=3" in repr(opt)
     params = [gp.q_u.u_loc_unconstrained, gp.q_u.u_scale_tril_unconstrained]
     prev_star = None
     for k in range(5):
@@ -221,7 +222,7 @@ def _svgp(X, M=8, noise=0.2):
 
 
 def test_fit_average_writes_the_polyak_average_of_natural_parameters_and_noise():
-    """``fit(average=a)``: the final q(u) is the average of the natural parameters ``(Lambda m, Lambda)`` of the
+    """``fit(natgrad=ps.infer.NaturalPolicy(average=a))``: the final q(u) is the average of the natural parameters ``(Lambda m, Lambda)`` of the
     iterates after each of the last ``ceil(a * num_steps)`` steps, and the noise the average of their variances
     (computed here independently from the iterates the callback sees)."""
     X, y = _regression()
@@ -236,7 +237,8 @@ def test_fit_average_writes_the_polyak_average_of_natural_parameters_and_noise()
             prec = torch.linalg.inv(Lq @ Lq.mT)
             seen.append((prec @ m, prec, gp.likelihood.noise.detach().double()))
 
-    fit(gp, X, y, num_steps=steps, batch_size=16, natgrad_lr=0.2, average=frac, callback=record, progress=False,
+    fit(gp, X, y, num_steps=steps, batch_size=16, natgrad=ps.infer.NaturalPolicy(lr=0.2, average=frac),
+        callback=record, progress=False,
         sync_every=1)  # the callback reads each iterate (on a GPU the default syncs every 20 steps)
     assert len(seen) == steps - start
     eta = sum(s[0] for s in seen) / len(seen)
@@ -251,14 +253,15 @@ def test_fit_average_writes_the_polyak_average_of_natural_parameters_and_noise()
 
 
 def test_natural_gradient_optimiser_average_matches_an_independent_average():
-    """``NaturalGradient(average_from=k, num_obs=N)`` + ``write_average()``: the families (two layers' ``q(u)``) end
+    """``NaturalGradient(NaturalPolicy(average=...), num_obs=N, num_steps=...)`` + ``write_average()``: the families (two layers' ``q(u)``) end
     at the average of their natural parameters and the noises (stepped by Fisher scoring, since ``num_obs`` is given)
     at the average of their variances over the iterates after steps ``k, k+1, ...``, computed here from the iterates
     recorded after each step; the last iterates differ from those averages by far more than the tolerance, so an
     optimiser that left either unaveraged would fail."""
     X, y = _regression(N=60)
     gps = [_svgp(X), _svgp(X, noise=0.3)]
-    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.3, average_from=3, num_obs=len(X))
+    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), ps.infer.NaturalPolicy(lr=0.3, average=5 / 8, cooldown=0),
+                          num_obs=len(X), num_steps=8)  # averaged from step 8 - 5 = 3
     assert not opt.write_average()  # nothing averaged yet
     params = [p for gp in gps for p in gp.parameters()]
     seen = []
@@ -318,7 +321,8 @@ def test_averaging_lowers_the_spread_of_the_final_bound_across_seeds():
                 with torch.no_grad():
                     last.append(gp.analytic_elbo(X, y).item() / len(X))
 
-        fit(gp, X, y, num_steps=steps, batch_size=8, natgrad_lr=0.5, average=0.5, seed=seed, callback=at_end,
+        fit(gp, X, y, num_steps=steps, batch_size=8, natgrad=ps.infer.NaturalPolicy(lr=0.5, average=0.5), seed=seed,
+            callback=at_end,
             progress=False)
         with torch.no_grad():
             avg.append(gp.analytic_elbo(X, y).item() / len(X))
@@ -348,7 +352,7 @@ def test_auto_policy_per_likelihood():
     assert lr is None
     with pytest.raises(ValueError, match="average"):
         resolve_natgrad(gp, "auto", None, "analytic", average=1.5)
-    with pytest.raises(ValueError, match="natgrad_layers"):
+    with pytest.raises(ValueError, match="NaturalPolicy.layers"):
         resolve_natgrad(gp, "auto", None, "analytic", layers="first")
 
 
@@ -370,7 +374,7 @@ def test_auto_policy_small_minibatches_train_robustmax_with_adam():
     def trained(batch, natgrad_lr):
         pyro.clear_param_store()
         gp = ps.SVGP(RBF(2), Z, ps.RobustMax(3), num_outputs=3)
-        fit(gp, X, y, num_steps=3, batch_size=batch, lr=0.01, natgrad_lr=natgrad_lr, progress=False)
+        fit(gp, X, y, num_steps=3, batch_size=batch, lr=0.01, natgrad=natgrad_lr, progress=False)
         return gp.q_u.u_loc.detach()
 
     assert torch.equal(trained(2, "auto"), trained(2, None))
@@ -434,7 +438,8 @@ def test_non_conjugate_likelihoods_take_safe_natural_steps(kind):
     Z = X[:8].clone()
     gp = ps.SVGP(RBF(2, lengthscale=torch.tensor(1.0)), Z, lik, num_outputs=K, whiten=True)
     start = _bound(gp, X, y)
-    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.2, warmup=5, retraction=True)
+    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=ps.infer.NaturalPolicy(lr=0.2, warmup=5,
+                                                                                        retraction=True))
     svi = SVI(gp.model, gp.guide, opt, TraceMeanField_ELBO(num_particles=4, vectorize_particles=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error", NatGradDampingWarning)
@@ -464,7 +469,8 @@ def test_two_layer_deep_gp_takes_natural_steps_on_every_layer():
             return sum(dgp.analytic_elbo(X, y).item() for _ in range(4)) / 4 / len(X)
 
     start = bound()
-    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad_lr=0.1, warmup=5, retraction=True, families=fams)
+    opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), natgrad=ps.infer.NaturalPolicy(lr=0.1, warmup=5,
+                                                                                        retraction=True), families=fams)
     svi = SVI(dgp.model, dgp.guide, opt, TraceMeanField_ELBO(num_particles=2, vectorize_particles=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error", NatGradDampingWarning)

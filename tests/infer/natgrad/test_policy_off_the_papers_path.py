@@ -81,7 +81,8 @@ def test_fit_decays_adam_and_the_natural_steps_together_over_the_last_half():
 
     steps_module.TrainingStep.update = update
     try:
-        ps.infer.fit(gp, X, y, num_steps=40, batch_size=100, lr=0.02, progress=False, finish=None)
+        ps.infer.fit(gp, X, y, num_steps=40, batch_size=100, lr=0.02, progress=False,
+                     natgrad=ps.infer.NaturalPolicy(finish=None))
     finally:
         steps_module.TrainingStep.update = real
     for step, adam_lr, nat_lr in seen:
@@ -137,8 +138,8 @@ def test_a_collapse_in_fit_halves_the_steps_and_says_so(monkeypatch, capsys):
 
     monkeypatch.setattr(guard_module.StepGuard, "record", record)
     seen = []
-    ps.infer.fit(gp, X, y, num_steps=40, batch_size=100, callback=lambda s, l: seen.append(l), finish=None,
-                 cooldown=None)
+    ps.infer.fit(gp, X, y, num_steps=40, batch_size=100, callback=lambda s, l: seen.append(l),
+                 natgrad=ps.infer.NaturalPolicy(cooldown=None, finish=None))
     err = capsys.readouterr().err
     assert "fit: step 31: the bound collapsed on 2 batches in a row; every step length is now 0.5" in err, err
 
@@ -191,7 +192,7 @@ def test_natural_finish_never_lowers_the_bound_of_a_non_log_concave_likelihood()
     X = torch.randn(90, 2)
     y = (X[:, 0] > 0).long() + (X[:, 1] > 0.5).long()
     gp = ps.SVGP(RBF(2), X[:12].clone(), ps.RobustMax(3))
-    ps.infer.fit(gp, X, y, num_steps=30, batch_size=30, progress=False, finish=None)
+    ps.infer.fit(gp, X, y, num_steps=30, batch_size=30, progress=False, natgrad=ps.infer.NaturalPolicy(finish=None))
     with torch.no_grad():
         before = float(gp.analytic_elbo(X, y))
     report = natural_finish_(gp, lambda: [(X, y)], 90, passes=4)
@@ -236,7 +237,7 @@ def test_the_issues_poisson_run_ends_on_a_stable_model():
 def test_natural_gradient_with_num_steps_cools_down_its_wrapped_optimiser():
     X, y, _ = _counts(100)
     gp = ps.SVGP(RBF(1), X[::20].clone(), MyPoisson())
-    opt = ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.02}), natgrad_lr=0.1, num_steps=10)
+    opt = ps.infer.NaturalGradient(pyro.optim.Adam({"lr": 0.02}), natgrad=0.1, num_steps=10)
     svi = SVI(gp.model, gp.guide, opt, Trace_ELBO())
     rates = []
     for _ in range(10):

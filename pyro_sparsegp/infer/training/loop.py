@@ -8,10 +8,11 @@ else with ``analytic_elbo`` and a likelihood): deterministic given the minibatch
 ``VariationalELBO``; ``TraceMeanField_ELBO()`` for any other module with ``model(X, y, num_data=N)`` /
 ``guide(X, y, num_data=N)``; or the Pyro ELBO passed as ``elbo``.
 
-Data: tensors ``X, y`` (numpy arrays and lists are converted), moved once to the module's device and dtype and
-indexed ``X[idx]`` per step; or a ``dataset`` whose ``dataset[idx]`` returns the batch ``(X[idx], y[idx])`` for an
-index tensor (e.g. :class:`~pyro_sparsegp.data_stream.MemmapDataset`, which streams from disk with memory flat in
-``N``); or any ``DataLoader`` of ``(X, y)`` batches.
+Data, all passed as ``X``: tensors ``X, y`` (numpy arrays, lists and pandas objects are converted), moved once to
+the module's device and dtype and indexed ``X[idx]`` per step; or a dataset (any other object with ``__getitem__`` and
+``__len__``) whose ``dataset[idx]`` returns the batch ``(X[idx], y[idx])`` for an index tensor (e.g.
+:class:`~pyro_sparsegp.data_stream.MemmapDataset`, which streams from disk with memory flat in ``N``); or any
+``DataLoader`` of ``(X, y)`` batches.
 
 Data-parallel: run the same script under ``torchrun --nproc_per_node=K`` after
 ``torch.distributed.init_process_group("gloo")`` (``"nccl"`` on GPUs). ``fit`` then broadcasts rank 0's parameters,
@@ -35,37 +36,21 @@ from dataclasses import dataclass
 
 import pyro
 import torch
-from torch.utils.data import DataLoader
 
 from ...checking import check_model
 from ...reporting import at_step, in_layer
-from .arguments import Arguments, check_arguments
-from .batches import BatchSource, EpochBatchSampler, _first_batch, _round_keys, permute_positions  # noqa: F401
-from .checkpoint import (  # noqa: F401
-    CHECKPOINT_FORMAT,
-    FitState,
-    _read_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
-from .distributed import _average, _dist, broadcast_parameters, check_same_data  # noqa: F401
+from ..natgrad.natural_policy import as_policy
+from .arguments import Arguments, check_arguments, split_data
+from .batches import BatchSource
+from .checkpoint import FitState, as_checkpoint, load_checkpoint, save_checkpoint
+from .distributed import _dist, broadcast_parameters, check_same_data
 from .exact_finish import finish_run
-from .guard import (  # noqa: F401
-    _MAX_JITTER_TRIES,
-    _NUMERICAL,
-    NonFiniteLossError,
-    StepGuard,
-    _is_numerical,
-    _non_finite_state,
-    _Redo,
-    _Snapshots,
-    deferred_checks_for,
-)
+from .guard import NonFiniteLossError, StepGuard, _Redo, deferred_checks_for
 from .natural_finish import natural_finish_run
 from .progress import Progress
 from .steps import TrainingStep, _create_lazy_parameters
 
-__all__ = ["fit", "FitState", "NonFiniteLossError", "save_checkpoint", "load_checkpoint", "EpochBatchSampler"]
+__all__ = ["fit"]
 
 _DEFER_ON_CPU = False  # tests set it to run the deferred checks (every device but the CPU) on the CPU
 
@@ -108,57 +93,50 @@ def fit(
     X=None,
     y=None,
     *,
-    dataset=None,
-    loader: DataLoader | None = None,
     num_data: int | None = None,
     num_steps: int = 1000,
     batch_size: int | None = None,
     lr: float = 0.01,
-    natgrad_lr: float | str | None = "auto",
+    natgrad="auto",
     elbo=None,
     seed: int = 0,
     progress: bool = True,
-    checkpoint: str | None = None,
-    checkpoint_every: int = 0,
-    resume: str | None = None,
+    checkpoint=None,
     callback=None,
     sync_every: int | None = None,
-    natgrad_warmup: int | str = "auto",
-    natgrad_retraction: bool | str = "auto",
-    natgrad_layers: str = "auto",
-    natgrad_hidden_start: int | str = "auto",
-    average: float | str | None = "auto",
-    finish: str | None = "auto",
-    cooldown: float | str | None = "auto",
 ) -> FitState:
     """Train ``module`` by maximising its ELBO; returns a :class:`FitState` (the per-step losses, negative ELBO
-    estimates). The arguments in brief (each in full, with the policies and measurements behind the defaults, in
+    estimates). The arguments in brief (each in full, with the measurements behind the defaults, in
     ``docs/fitting.md``, "Fitting: the arguments of fit"):
 
     * ``module``: an SVGP, SOLVEGP, DeepGP or any PyroModule whose ``model``/``guide`` take ``(X, y, num_data=N)``;
-    * data: ``X [N, D]`` with ``y [N, ...]`` (tensors, numpy arrays, lists; moved once to the module's device and
-      dtype), or ``dataset`` (``dataset[idx]`` gives ``(X[idx], y[idx])`` for ``idx [B]``), or ``loader`` (any
-      DataLoader of ``(X, y)`` batches, with ``num_data`` = ``N``);
-    * ``num_steps``, ``batch_size`` (``X, y`` or ``dataset``; default 1024), ``lr`` (Adam), ``seed``, ``progress``
+    * data: ``X [N, D]`` with ``y [N, ...]`` (tensors, numpy arrays, lists, pandas objects; moved once to the
+      module's device and dtype), or as ``X`` a dataset (any other object with ``__getitem__`` and ``__len__``:
+      ``dataset[idx]`` gives ``(X[idx], y[idx])`` for ``idx [B]``, e.g.
+      :class:`~pyro_sparsegp.data_stream.MemmapDataset`) or a ``torch.utils.data.DataLoader`` of ``(X, y)`` batches
+      (with ``num_data`` = ``N``), ``y`` then ``None``;
+    * ``num_steps``, ``batch_size`` (``X, y`` or a dataset; default 1024), ``lr`` (Adam), ``seed``, ``progress``
       (stderr), ``callback(step, loss)``, ``sync_every`` (how often the loss is read back: 1 on CPU, 20 GPU);
     * ``elbo``: ``"analytic"`` (``module.analytic_elbo``, the default where it exists) or a Pyro ELBO;
-    * ``natgrad_lr`` (``"auto"``, ``None`` for Adam, or a step length in ``(0, 1]``), ``natgrad_warmup``,
-      ``natgrad_retraction``, ``natgrad_layers``, ``natgrad_hidden_start``: natural-gradient steps on the Gaussian
-      variational families (:mod:`~pyro_sparsegp.infer.natgrad.policy` has the ``"auto"`` policy);
-    * ``average``: the Polyak-Ruppert average over the last fraction ``average`` of the steps, ``None`` or ``"auto"``;
-    * ``finish``: ``"exact"`` ends with q(u) and the Gaussian noise at their optimum on all the data (one pass;
-      :mod:`~pyro_sparsegp.infer.training.exact_finish`), ``None`` keeps the last iterate; ``"auto"``: exact for an SVGP
-      or SOLVE-GP (a DeepGP's last layer) with a Gaussian likelihood, natural gradients, ``X, y`` or ``dataset``
-      and at least one epoch;
-    * ``checkpoint``, ``checkpoint_every``, ``resume``: checkpoints from which a run resumes identically.
+    * ``natgrad``: the natural-gradient and finish policy, a :class:`~pyro_sparsegp.infer.NaturalPolicy` (its
+      docstring documents every field and what ``"auto"`` resolves to: the step length, warm-up, positive-definite
+      step, layers, the iterate ``average``, the ``cooldown`` and the ``finish``, exact or natural); a float is
+      ``NaturalPolicy(lr=that)``, ``None`` is ``NaturalPolicy(lr=None)`` (Adam trains q(u)), ``"auto"`` is
+      ``NaturalPolicy()``;
+    * ``checkpoint``: a path (written at the end of the run) or a :class:`~pyro_sparsegp.infer.Checkpoint` ``(path,
+      every=0, resume=None)``, from which a run resumes identically.
 
     :raises NonFiniteLossError: on a numerical failure, after restoring the last good parameters; it names the step.
     """
+    policy, files = as_policy(natgrad), as_checkpoint(checkpoint)
+    X, dataset, loader = split_data(X, y)
     data = dict(X=X, y=y, dataset=dataset, loader=loader, num_data=num_data)
-    options = dict(num_steps=num_steps, batch_size=batch_size, lr=lr, natgrad_lr=natgrad_lr, elbo=elbo, seed=seed,
-                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume, sync_every=sync_every)
-    natgrad_options = dict(warmup=natgrad_warmup, retraction=natgrad_retraction, layers=natgrad_layers,
-                           hidden_start=natgrad_hidden_start, average=average, finish=finish, cooldown=cooldown)
+    options = dict(num_steps=num_steps, batch_size=batch_size, lr=lr, natgrad_lr=policy.lr, elbo=elbo, seed=seed,
+                   checkpoint=files.path, checkpoint_every=files.every, resume=files.resume_path,
+                   sync_every=sync_every)
+    natgrad_options = dict(warmup=policy.warmup, retraction=policy.retraction, layers=policy.layers,
+                           hidden_start=policy.hidden_start, average=policy.average, finish=policy.finish,
+                           cooldown=policy.cooldown)
     with in_layer(getattr(module, "name", None)):  # warnings name the module unless a layer method names its own
         return _fit(module, data, options, natgrad_options, progress=progress, callback=callback)
 
@@ -266,11 +244,11 @@ def describe_plan(a: Arguments, trainer: TrainingStep, loader: bool = False) -> 
 
 def _announce_join(trainer, show: bool) -> None:
     """A line on ``stderr`` (where progress is shown) saying from which step the hidden layers' families join the
-    natural steps (``natgrad_layers="all"`` with ``natgrad_hidden_start`` after the first step); no tensors."""
+    natural steps (``NaturalPolicy(layers="all")`` with ``hidden_start`` after the first step); no tensors."""
     late = trainer.plan.late(trainer.plan.families()) if trainer.natgrad_lr else []
     if show and late and trainer.plan.hidden_start < trainer.plan.num_steps:
         print(f"fit: the hidden layers' q(u) take Adam steps, then natural steps from step {trainer.plan.hidden_start} "
-              "(natgrad_hidden_start)", file=sys.stderr, flush=True)
+              "(NaturalPolicy.hidden_start)", file=sys.stderr, flush=True)
 
 
 def _end_of_run(run: _Run) -> None:
