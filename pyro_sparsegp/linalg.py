@@ -29,9 +29,9 @@ import math
 import numpy as np
 import torch
 
-from . import deferred
-from ._matrix_checks import _check_factorisable
-from .reporting import warn as _reporting_warn
+from .checks.matrices import _check_factorisable
+from .context import deferred
+from .context.reporting import _REPORTED, _RESET_HOOKS, _warn_once
 
 __all__ = [
     "CholeskyJitterWarning",
@@ -56,23 +56,13 @@ class IllConditionedWarning(UserWarning):
     """Emitted when :func:`cholesky` succeeded only because of the jitter: the matrix is numerically singular."""
 
 
-_REPORTED: set = set()
-_RESET_HOOKS: list = []  # other modules' memories of what they checked or reported
-
 def reset_warnings() -> None:
-    """Forget which causes the package has reported (here and in :mod:`pyro_sparsegp.validation`), so that each
-    warns again (once). Takes and returns no tensor, so shapes do not apply."""
+    """Forget which causes the package has reported (here, in :mod:`pyro_sparsegp.checks.validation` and wherever
+    :mod:`pyro_sparsegp.context.reporting` warned once), so that each warns again (once). Takes and returns no
+    tensor, so shapes do not apply."""
     _REPORTED.clear()
     for hook in _RESET_HOOKS:
         hook()
-
-
-def _warn_once(cause, message, category, stacklevel=None, layer=None):
-    """Warn once per ``cause`` through :func:`pyro_sparsegp.reporting.warn` (the layer and the step appended, the
-    user's line pointed at; ``stacklevel`` is ignored: kept for callers that still pass it)."""
-    if cause not in _REPORTED:
-        _REPORTED.add(cause)
-        _reporting_warn(message, category, layer=layer)
 
 
 #: The advice of :class:`IllConditionedWarning` for the inducing inputs' kernel matrix of an un-whitened layer.
@@ -145,19 +135,20 @@ def cholesky(
         is expected and harmless (the posterior covariance of many test points in float32).
     :returns: ``L`` ``[..., M, M]`` with ``L @ L.mT = A + jitter * mean(diag A) * I``.
     :raises torch.linalg.LinAlgError: if the matrix is not positive definite even with the largest jitter.
-    :raises ValueError: if ``A`` is not ``[..., M, M]`` or not symmetric (``sqrt(eps)``; ``_matrix_checks``).
+    :raises ValueError: if ``A`` is not ``[..., M, M]`` or not symmetric (``sqrt(eps)``;
+        :mod:`pyro_sparsegp.checks.matrices`).
 
     Warns :class:`CholeskyJitterWarning` when the jitter had to be raised and :class:`IllConditionedWarning` when
     the matrix is numerically singular (the module docstring gives the escalation), each once per cause. Inside
-    :func:`~pyro_sparsegp.deferred.deferred_checks` (``fit`` on a GPU) it factorises once with the run's jitter and
-    flags a failure on the device; ``fit`` escalates at its next sync point (:mod:`pyro_sparsegp.deferred`).
+    :func:`~pyro_sparsegp.context.deferred.deferred_checks` (``fit`` on a GPU) it factorises once with the run's jitter
+    and flags a failure on the device; ``fit`` escalates at its next sync point (:mod:`pyro_sparsegp.context.deferred`).
     """
-    if (checks := deferred.active()) is None:  # shape, symmetry (_matrix_checks); fit's deferred steps read nothing
+    if (checks := deferred.active()) is None:  # shape, symmetry (checks.matrices); fit's deferred steps read nothing
         _check_factorisable(A)
     if jitter is None:
         jitter = default_jitter(A.dtype)
     scale = A.diagonal(dim1=-2, dim2=-1).mean(-1).detach().abs().clamp(min=torch.finfo(A.dtype).tiny)
-    if checks is not None:  # one factorisation with the run's jitter; a failure is flagged, not read (deferred.py)
+    if checks is not None:  # one factorisation with the run's jitter; a failure is flagged, not read (context.deferred)
         eps = (jitter if jitter > 0 else default_jitter(A.dtype)) * checks.jitter_scale
         L, info = torch.linalg.cholesky_ex(add_diag(A, eps * scale))
         checks.record(checks.CHOLESKY, info > 0)

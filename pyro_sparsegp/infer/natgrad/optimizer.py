@@ -30,9 +30,9 @@ import numbers
 import torch
 from pyro.optim import PyroOptim
 
-from ...checking import FirstStepCheck
+from ...checks.program import FirstStepCheck
+from ...context.reporting import family_layer, in_layer
 from ...likelihoods import live_gaussian_likelihoods
-from ...reporting import family_layer, in_layer
 from ...variational import live_gaussian_families
 from .averaging import IterateAverage
 from .from_grads import natgrad_from_grads_, noise_step_from_grads_

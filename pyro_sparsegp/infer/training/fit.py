@@ -37,8 +37,8 @@ import pyro
 import torch
 from torch.utils.data import DataLoader
 
-from ...checking import check_model
-from ...reporting import at_step, in_layer
+from ...checks.program import check_model
+from ...context.reporting import at_step, in_layer
 from .arguments import Arguments, check_arguments
 from .batches import BatchSource, EpochBatchSampler, _first_batch, _round_keys, permute_positions  # noqa: F401
 from .checkpoint import (  # noqa: F401
@@ -65,7 +65,7 @@ from .natural_finish import natural_finish_run
 from .progress import Progress
 from .steps import TrainingStep, _create_lazy_parameters
 
-__all__ = ["fit", "FitState", "NonFiniteLossError", "save_checkpoint", "load_checkpoint", "EpochBatchSampler"]
+__all__ = ["fit"]  # the rest of the training API: its own modules, or ps.infer / .training
 
 _DEFER_ON_CPU = False  # tests set it to run the deferred checks (every device but the CPU) on the CPU
 

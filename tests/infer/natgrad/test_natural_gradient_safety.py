@@ -381,7 +381,7 @@ def test_auto_policy_leaves_a_robustmax_q_u_on_inducing_patches_to_adam():
     """Convolutional and TICK models with robust-max: "auto" gives Adam at every minibatch fraction (natural steps
     lost at every size measured, natgrad_options' docstring); the same model with softmax, or a number given
     explicitly, keeps natural steps."""
-    from pyro_sparsegp.conv import init_patches
+    from pyro_sparsegp.inducing import init_patches
 
     g = torch.Generator(torch.get_default_device()).manual_seed(0)
     X = torch.rand(20, 36, generator=g).to(torch.get_default_dtype())  # 6x6 images
