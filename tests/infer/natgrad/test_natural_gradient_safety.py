@@ -13,7 +13,7 @@ from pyro.contrib.gp.kernels import RBF
 from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
 
 import pyro_sparsegp as ps
-from pyro_sparsegp import linalg
+from pyro_sparsegp.context import reporting
 from pyro_sparsegp.deep import build_deep_gp
 from pyro_sparsegp.infer import NaturalGradient, fit
 from pyro_sparsegp.infer.natgrad import NatGradDampingWarning, natgrad_from_grads_
@@ -184,7 +184,7 @@ def test_retraction_never_damps_for_random_huge_gradients(seed):
 def test_plain_step_is_damped_with_a_warning_and_stays_positive_definite(monkeypatch):
     """The plain step on the same adversarial gradient leaves the cone: it is halved until it has a Cholesky factor,
     the damping warning fires (with the positive-definite step as its remedy), and the state stays PD and finite."""
-    monkeypatch.setattr(linalg, "_REPORTED", set())  # the warning is reported once per process
+    monkeypatch.setattr(reporting, "_REPORTED", set())  # the warning is reported once per process
     q, A, _ = _family_with_adversarial_grad(scale=50.0)
     with pytest.warns(NatGradDampingWarning, match="retraction=True"):
         natgrad_from_grads_(q, 1.0)
@@ -197,7 +197,7 @@ def test_plain_step_is_damped_with_a_warning_and_stays_positive_definite(monkeyp
 def test_damping_of_a_non_finite_gradient_terminates_and_keeps_q(monkeypatch):
     """A NaN gradient cannot be damped into the cone: after the halvings that output keeps its q (no endless loop),
     and the warning says the gradient was not finite (the positive-definite step cannot be the remedy)."""
-    monkeypatch.setattr(linalg, "_REPORTED", set())
+    monkeypatch.setattr(reporting, "_REPORTED", set())
     q, _, _ = _family_with_adversarial_grad(scale=1.0)
     q.u_scale_tril_unconstrained.grad[1].fill_(float("nan"))
     L0 = q.u_scale_tril.detach().clone()
