@@ -100,7 +100,7 @@ class InducingPoints(InducingVariables):
 class InducingPatches(InducingVariables):
     """Inter-domain inducing patches ``u_m = g(z_m)`` of a convolutional kernel (van der Wilk et al. 2017, section 3.1):
     ``Z`` ``[M, d]`` or ``[L, M, d]`` with ``d = kernel.patch_dim``. Initialise from image patches, e.g.
-    :func:`pyro_sparsegp.conv.init_patches`."""
+    :func:`pyro_sparsegp.inducing.init_patches`."""
 
     def input_dim(self, kernel):
         """``kernel.input_dim``: the flattened image size ``D`` of the inputs ``X`` ``[..., B, D]``."""
