@@ -70,7 +70,8 @@ from _classification_data import _idx, stratified_split  # noqa: E402
 from _common import parser, setup, table, write_json  # noqa: E402
 
 import pyro_sparsegp as ps  # noqa: E402
-from pyro_sparsegp.conv import build_deep_conv_gp, init_patches, kmeans, log_likelihood_and_accuracy  # noqa: E402
+from pyro_sparsegp.conv import build_deep_conv_gp, log_likelihood_and_accuracy  # noqa: E402
+from pyro_sparsegp.inducing import init_patches, kmeans  # noqa: E402
 from pyro_sparsegp.infer import fit  # noqa: E402
 
 IMG = (28, 28, 1)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import machine_note, parser, setup, table, time_alternating_stats, write_json  # noqa: E402
 
 import pyro_sparsegp as ps  # noqa: E402
-from pyro_sparsegp.deep import DeepGP  # noqa: E402
+from pyro_sparsegp import DeepGP  # noqa: E402
 from pyro_sparsegp.mean_functions import Constant, Linear  # noqa: E402
 
 WIDTH, M, BATCH, SAMPLES, N = 10, 128, 1024, 10, 10_000

@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import load_regression, machine_note, parser, setup, table, write_json  # noqa: E402
 
 import pyro_sparsegp as ps  # noqa: E402
-from pyro_sparsegp.deep import DeepGP, build_deep_gp  # noqa: E402
+from pyro_sparsegp import DeepGP  # noqa: E402
+from pyro_sparsegp.deep import build_deep_gp  # noqa: E402
 
 DATASETS = ["housing", "concrete", "energy", "kin8nm", "naval", "powerplant", "protein", "wine", "yacht"]
 MODELS = ["svgp", "dgp2", "solve2", "dgp3"]

@@ -35,10 +35,11 @@ CITE = re.compile(
 # infrastructure that implements no paper equation: shapes are required, a citation is not
 TRAINING = "pyro_sparsegp.infer.training."
 NO_PAPER = {TRAINING + m for m in ("fit", "batches", "checkpoint", "guard", "distributed", "steps", "progress",
-                                   "arguments")} | {"pyro_sparsegp.reporting", "pyro_sparsegp.inputs"} | {
-    "pyro_sparsegp.datasets", "pyro_sparsegp.kernels.batched", "pyro_sparsegp.linalg",
-    "pyro_sparsegp.covariances.dispatch", "pyro_sparsegp.inducing.init", "pyro_sparsegp.composition",
-    "pyro_sparsegp.data_stream", "pyro_sparsegp.validation", "pyro_sparsegp.deferred",
+                                   "arguments")} | {
+    "pyro_sparsegp.context.reporting", "pyro_sparsegp.checks.inputs", "pyro_sparsegp.datasets",
+    "pyro_sparsegp.kernels.batched", "pyro_sparsegp.linalg",
+    "pyro_sparsegp.covariances.dispatch", "pyro_sparsegp.inducing.init", "pyro_sparsegp.context.composition",
+    "pyro_sparsegp.data_stream", "pyro_sparsegp.checks.validation", "pyro_sparsegp.context.deferred",
 }
 # objects that take or return no tensor: shapes do not apply
 NO_TENSORS = {TRAINING + name for name in (

@@ -2,9 +2,9 @@
 
 from . import (
     bounds,
-    checking,
-    composition,
+    checks,
     conditionals,
+    context,
     conv,
     covariances,
     data_stream,
@@ -20,12 +20,10 @@ from . import (
     saving,
     variational,
 )
-from .checking import ModelShapeError, check_model
-from .conv import ConvLayer, DeepConvGP
-from .deep import DeepGP
+from .checks import ModelShapeError, check_model
 from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, InducingSum
 from .kernels import TICK, ConvKernel, SumKernel
-from .layers import ODVGP, SOLVEGP, SVGP
+from .layers import ODVGP, SOLVEGP, SVGP, ConvLayer, DeepConvGP, DeepGP
 from .likelihoods import (
     Bernoulli,
     Beta,
@@ -79,8 +77,8 @@ __all__ = [
     "check_model",
     "ModelShapeError",
     "bounds",
-    "checking",
-    "composition",
+    "checks",
+    "context",
     "datasets",
     "data_stream",
     "deep",

@@ -1,8 +1,8 @@
 """Convolutional GP helpers: :func:`build_deep_conv_gp`, the deep convolutional GP of Shi, Titsias, Mnih 2020
 (table 5, appendix G.2) initialised as ``benchmarks/convgp_mnist.py`` trains it, and the evaluation metrics of the
-convolutional experiments. Importable from here as well: the inducing-patch initialisation
-:func:`~pyro_sparsegp.inducing.init.init_patches` and the layers (:class:`~pyro_sparsegp.layers.conv.ConvLayer`,
-:class:`~pyro_sparsegp.layers.conv.DeepConvGP`)."""
+convolutional experiments. The layers it builds are :class:`~pyro_sparsegp.ConvLayer` and
+:class:`~pyro_sparsegp.DeepConvGP` (defined in :mod:`pyro_sparsegp.layers.conv`), the inducing-patch initialisation
+is :func:`pyro_sparsegp.inducing.init_patches`."""
 
 from __future__ import annotations
 
@@ -14,18 +14,17 @@ import torch
 from pyro.contrib.gp.kernels import RBF
 
 from . import covariances as cov
-from .inducing import IndexedInducingPatches, init_patches, kmeans
-from .inputs import as_tensor
+from .checks.inputs import as_tensor
+from .context.naming import unique_name
+from .inducing import IndexedInducingPatches, init_patches
 from .kernels import TICK
 from .kernels.conv import _image
 from .layers import SOLVEGP, SVGP
 from .layers.conv import ConvLayer, DeepConvGP
 from .likelihoods import RobustMax
 from .linalg import cholesky
-from .naming import unique_name
 
-__all__ = ["ConvLayer", "DeepConvGP", "TABLE5", "build_deep_conv_gp", "init_patches", "kmeans",
-           "log_likelihood_and_accuracy"]
+__all__ = ["TABLE5", "build_deep_conv_gp", "log_likelihood_and_accuracy"]
 
 #: Shi, Titsias, Mnih 2020, table 5 (CIFAR-10): for 2 and 3 layers, the hidden layers' ``(patch, stride,
 #: channels)`` and the TICK output layer's ``(patch, stride)``.

@@ -1,24 +1,23 @@
-"""Deep GP builders: :func:`build_deep_gp` initialises a :class:`~pyro_sparsegp.layers.deep.DeepGP` as the anchors
-do (Salimbeni & Deisenroth 2017 reference code; GPflux), :func:`init_inducing` its inducing inputs. The model
-itself (the doubly stochastic DGP of Salimbeni & Deisenroth 2017 over any stack of layers) lives in
-:mod:`pyro_sparsegp.layers.deep`, and is importable from here as well, as are :func:`~pyro_sparsegp.saving.save` and
-:func:`~pyro_sparsegp.saving.load`, which keep a trained model with its layout in one file that reloads without the
-training data (``dgp.save(path)``, ``DeepGP.load(path)``)."""
+"""Deep GP builders: :func:`build_deep_gp` initialises a :class:`~pyro_sparsegp.DeepGP` as the anchors do
+(Salimbeni & Deisenroth 2017 reference code; GPflux), :func:`init_inducing` its inducing inputs. The model itself
+(the doubly stochastic DGP of Salimbeni & Deisenroth 2017 over any stack of layers) is ``ps.DeepGP``, defined in
+:mod:`pyro_sparsegp.layers.deep`; :func:`~pyro_sparsegp.saving.save` and :func:`~pyro_sparsegp.saving.load` keep a
+trained model with its layout in one file that reloads without the training data (``dgp.save(path)``,
+``DeepGP.load(path)``)."""
 
 from __future__ import annotations
 
 import torch
 from pyro.contrib.gp import kernels as pk
 
+from .checks.inputs import as_tensor
+from .context.naming import unique_name
 from .inducing.selection import METHODS, select
-from .inputs import as_tensor
 from .layers import SOLVEGP, SVGP
-from .layers.deep import DeepGP, sample_marginal
+from .layers.deep import DeepGP
 from .mean_functions import FixedProjection
-from .naming import unique_name
-from .saving import load, save
 
-__all__ = ["DeepGP", "build_deep_gp", "init_inducing", "sample_marginal", "save", "load"]
+__all__ = ["build_deep_gp", "init_inducing"]
 
 
 # -- initialisation -----------------------------------------------------------------------------------------------

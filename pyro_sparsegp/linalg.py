@@ -29,9 +29,9 @@ import math
 import numpy as np
 import torch
 
-from . import deferred
-from ._matrix_checks import _check_factorisable
-from .reporting import warn as _reporting_warn
+from .checks.matrices import _check_factorisable
+from .context import deferred
+from .context.reporting import _REPORTED, _RESET_HOOKS, _warn_once
 
 __all__ = ["CholeskyJitterWarning", "IllConditionedWarning", "reset_warnings", "cholesky", "default_jitter",
            "gauss_hermite", "solve_lower", "add_diag", "project_chol", "whitened_marginals", "gram"]
@@ -45,23 +45,13 @@ class IllConditionedWarning(UserWarning):
     """Emitted when :func:`cholesky` succeeded only because of the jitter: the matrix is numerically singular."""
 
 
-_REPORTED: set = set()
-_RESET_HOOKS: list = []  # other modules' memories of what they checked or reported
-
 def reset_warnings() -> None:
-    """Forget which causes the package has reported (here and in :mod:`pyro_sparsegp.validation`), so that each
-    warns again (once). Takes and returns no tensor, so shapes do not apply."""
+    """Forget which causes the package has reported (here, in :mod:`pyro_sparsegp.checks.validation` and wherever
+    :mod:`pyro_sparsegp.context.reporting` warned once), so that each warns again (once). Takes and returns no
+    tensor, so shapes do not apply."""
     _REPORTED.clear()
     for hook in _RESET_HOOKS:
         hook()
-
-
-def _warn_once(cause, message, category, layer=None):
-    """Warn once per ``cause`` through :func:`pyro_sparsegp.reporting.warn` (the layer and the step appended, the
-    user's line pointed at)."""
-    if cause not in _REPORTED:
-        _REPORTED.add(cause)
-        _reporting_warn(message, category, layer=layer)
 
 
 #: The advice of :class:`IllConditionedWarning` for the inducing inputs' kernel matrix of an un-whitened layer.
@@ -137,22 +127,23 @@ def cholesky(
         with ``O = Z``: ``Cvv`` is near zero). ``False`` (default; a user's matrix): the symmetry check runs.
     :returns: ``L`` ``[..., M, M]`` with ``L @ L.mT = A + jitter * mean(diag A) * I``.
     :raises torch.linalg.LinAlgError: if the matrix is not positive definite even with the largest jitter.
-    :raises ValueError: if ``A`` is not ``[..., M, M]`` or not symmetric (``sqrt(eps)``; ``_matrix_checks``).
+    :raises ValueError: if ``A`` is not ``[..., M, M]`` or not symmetric (``sqrt(eps)``;
+        :mod:`pyro_sparsegp.checks.matrices`).
 
     Warns :class:`CholeskyJitterWarning` when the jitter had to be raised and :class:`IllConditionedWarning` when
     the matrix is numerically singular (the module docstring gives the escalation), each once per cause. Inside
-    :func:`~pyro_sparsegp.deferred.deferred_checks` (``fit`` on a GPU) it factorises once with the run's jitter and
-    flags a failure on the device; ``fit`` escalates at its next sync point (:mod:`pyro_sparsegp.deferred`).
+    :func:`~pyro_sparsegp.context.deferred.deferred_checks` (``fit`` on a GPU) it factorises once with the run's jitter
+    and flags a failure on the device; ``fit`` escalates at its next sync point (:mod:`pyro_sparsegp.context.deferred`).
     """
     checks = deferred.active()  # None outside fit's deferred steps (which read nothing back)
     if symmetrize:  # built by the package: symmetric up to round-off, which the check's tolerance may not cover
         A = 0.5 * (A + A.mT)
-    elif checks is None:  # shape, symmetry (_matrix_checks)
+    elif checks is None:  # shape, symmetry (checks.matrices)
         _check_factorisable(A)
     if jitter is None:
         jitter = default_jitter(A.dtype)
     scale = A.diagonal(dim1=-2, dim2=-1).mean(-1).detach().abs().clamp(min=torch.finfo(A.dtype).tiny)
-    if checks is not None:  # one factorisation with the run's jitter; a failure is flagged, not read (deferred.py)
+    if checks is not None:  # one factorisation with the run's jitter; a failure is flagged, not read (context.deferred)
         eps = (jitter if jitter > 0 else default_jitter(A.dtype)) * checks.jitter_scale
         L, info = torch.linalg.cholesky_ex(add_diag(A, eps * scale))
         checks.record(checks.CHOLESKY, info > 0)

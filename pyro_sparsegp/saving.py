@@ -176,8 +176,9 @@ def _resolve(path: str, classes, source: str):
 
 
 def _free_name(name: str) -> str:
-    """``name`` if no live module holds it, else a fresh one (as a copy of a live module gets, :mod:`.naming`)."""
-    from .naming import unique_name
+    """``name`` if no live module holds it, else a fresh one (as a copy of a live module gets,
+    :mod:`.context.naming`)."""
+    from .context.naming import unique_name
 
     return name if unique_name(name) == name else unique_name(re.sub(r"_\d+$", "", name))
 
@@ -248,9 +249,9 @@ def build(config: dict, state_dict: dict, *, classes=(), source: str = "the layo
     """The module of layout ``config`` (:func:`describe`) with the values of ``state_dict`` (entries of any shape, as
     ``module.state_dict()`` gave them), in their dtype; a deep GP (Salimbeni & Deisenroth 2017) needs no training
     data. Names (of sites and of Pyro's parameter store entries) are the saved ones, unless a live module holds one:
-    then a fresh one, as for a copy (:mod:`pyro_sparsegp.naming`). ``classes``: classes of your own that the layout
-    names. ``source`` names the origin in errors (:class:`LayoutError`: a class that is not there, a constructor that
-    refuses its arguments, entries or shapes that do not fit the layout)."""
+    then a fresh one, as for a copy (:mod:`pyro_sparsegp.context.naming`). ``classes``: classes of your own that the
+    layout names. ``source`` names the origin in errors (:class:`LayoutError`: a class that is not there, a constructor
+    that refuses its arguments, entries or shapes that do not fit the layout)."""
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise LayoutError(f"{source}: the state_dict must be a dict of tensors")
     with _dtype_of(state_dict), torch.no_grad():

@@ -33,7 +33,7 @@ import warnings
 
 import torch
 
-from ..inputs import as_tensor
+from ..checks.inputs import as_tensor
 from .init import kmeans
 
 __all__ = ["select", "greedy_variance"]

@@ -20,7 +20,7 @@ import torch
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
-from ..inputs import as_tensor
+from ..checks.inputs import as_tensor
 
 __all__ = [
     "InducingVariables",
@@ -45,7 +45,7 @@ class InducingVariables(PyroModule):
     def __init__(self, Z: torch.Tensor):
         super().__init__()
         if not isinstance(Z, torch.Tensor):
-            Z = as_tensor(Z, "Z")  # numpy, lists, pandas: in the default dtype (pyro_sparsegp.inputs)
+            Z = as_tensor(Z, "Z")  # numpy, lists, pandas: in the default dtype (pyro_sparsegp.checks.inputs)
         if Z.dim() not in (2, 3):
             raise ValueError(f"Z must be [M, D] (M inducing inputs of D features) or [L, M, D] (one set per output), "
                              f"got shape {tuple(Z.shape)}")
@@ -100,7 +100,7 @@ class InducingPoints(InducingVariables):
 class InducingPatches(InducingVariables):
     """Inter-domain inducing patches ``u_m = g(z_m)`` of a convolutional kernel (van der Wilk et al. 2017, section 3.1):
     ``Z`` ``[M, d]`` or ``[L, M, d]`` with ``d = kernel.patch_dim``. Initialise from image patches, e.g.
-    :func:`pyro_sparsegp.conv.init_patches`."""
+    :func:`pyro_sparsegp.inducing.init_patches`."""
 
     def input_dim(self, kernel):
         """``kernel.input_dim``: the flattened image size ``D`` of the inputs ``X`` ``[..., B, D]``."""

@@ -6,12 +6,11 @@
   program, ``fit``'s ``"auto"`` policy, schedules, the iterate average, and the closed-form and autodiff steps;
 * :mod:`~pyro_sparsegp.infer.ep`: EP and SEP (:func:`fit_ep`), GFITC (:func:`fit_gfitc`) and MFSp (:func:`fit_mfsp`).
 
-``ps.infer`` exports what a user calls; the rest is importable from its subpackage. Names and module paths of the
-flat layout before it (``ps.infer.natgrad_step``, ``pyro_sparsegp.infer.natgrad_options``, ...) still work and
-warn with a ``DeprecationWarning`` that names the new place (:mod:`._moved`).
+``ps.infer`` exports what a user calls; the rest is importable from its subpackage (``ps.infer.natgrad.natgrad_step``,
+``pyro_sparsegp.infer.natgrad.policy``, ...), and from there only: the flat layout before the three subpackages is
+gone.
 """
 
-from . import _moved
 from .ep import EPState, GFITCConvergenceWarning, GFITCState, MFSpState, fit_ep, fit_gfitc, fit_mfsp
 from .natgrad import NaturalGradient, NaturalPolicy, natgrad_families
 from .training import Checkpoint, EpochBatchSampler, FitState, NonFiniteLossError, fit, load_checkpoint, save_checkpoint
@@ -35,11 +34,3 @@ __all__ = [
     "fit_mfsp",
     "MFSpState",
 ]
-
-_moved.install(__name__)
-
-
-def __getattr__(name: str):
-    """A name the flat layout exported from ``ps.infer`` (e.g. ``natgrad_step``): returned from its new module with a
-    ``DeprecationWarning`` that names it. No tensors, so shapes do not apply."""
-    return _moved.moved_name(__name__, name)

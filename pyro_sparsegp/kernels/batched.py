@@ -34,7 +34,7 @@ import math
 import torch
 from pyro.contrib.gp import kernels as pk
 
-from .. import deferred
+from ..context import deferred
 
 __all__ = ["kernel_matrix", "kernel_diag", "expected_input_dim", "required_features", "matern32"]
 
@@ -138,7 +138,7 @@ def _centred(X, Z):
 
 def _decide(exact: torch.Tensor) -> bool:
     """Read the exactness test ``exact`` (a boolean scalar tensor) back, or, inside
-    :func:`~pyro_sparsegp.deferred.deferred_checks`, take the product form (unless the run switched to the exact
+    :func:`~pyro_sparsegp.context.deferred.deferred_checks`, take the product form (unless the run switched to the exact
     differences) and flag a failed test on the device without reading it."""
     checks = deferred.active()
     if checks is None:

@@ -11,7 +11,7 @@ strategy (:mod:`pyro_sparsegp.variational`).
   convolutional hidden layers and the deep convolutional GP, a ``DeepGP``.
 """
 
-from ..naming import ParamStoreWarning
+from ..context.naming import ParamStoreWarning
 from .base import LayerData, UntrainableWarning, as_inputs
 from .conv import ConvLayer, DeepConvGP
 from .deep import DeepGP

@@ -10,11 +10,12 @@ import torch
 
 from .. import covariances as cov
 from .. import inducing as ind
-from ..composition import plate as data_plate
-from ..inputs import as_targets, as_tensor
+from ..checks.inputs import as_targets, as_tensor
+from ..checks.validation import check_data, check_module_args
+from ..context.composition import plate as data_plate
+from ..context.reporting import warn
 from ..likelihoods import _check_finite
-from ..reporting import warn
-from ..validation import check_data, check_module_args
+from ..likelihoods.base import check_likelihood
 from .outputs import check_outputs, check_targets
 
 __all__ = ["as_inputs", "named_data_plate", "sample_marginal", "qf_points", "UntrainableWarning", "LayerData",
@@ -51,11 +52,12 @@ def layer_arguments(kernel, Z, likelihood, num_outputs, integrate_f, jitter, mea
     arguments (:func:`~pyro_sparsegp.layers.outputs.check_outputs`). Raises ``ValueError`` naming the offending
     shapes. Argument checks: implements no paper equation."""
     if not isinstance(Z, ind.InducingVariables) and not torch.is_tensor(Z):
-        Z = as_tensor(Z, "Z")  # numpy, lists, pandas (pyro_sparsegp.inputs), in the default dtype
+        Z = as_tensor(Z, "Z")  # numpy, lists, pandas (pyro_sparsegp.checks.inputs), in the default dtype
     num_outputs = _outputs_for(likelihood, num_outputs)
     check_outputs(kernel, likelihood, num_outputs, num_latents)
     gps = num_outputs if num_latents is None else num_latents  # the independent GPs: outputs, or latents
     if torch.is_tensor(Z):  # inducing points; other inducing variables check themselves (inducing.check)
+        check_likelihood(likelihood)
         check_module_args(kernel, Z, likelihood, num_outputs, jitter)
     piecewise = bool(getattr(likelihood, "piecewise_constant", False))
     if integrate_f is None:
@@ -208,9 +210,9 @@ class LayerData:
         return named_data_plate(self.name, N, subsample_size, num_data, device)
 
     def check_inputs(self, X, y=None, subsample_size=None, num_data=None, purpose="model"):
-        """The layer's data as tensors, checked (:mod:`pyro_sparsegp.inputs`: tensors, numpy, lists, pandas; floating
-        data in the module's dtype and device): ``X`` ``[..., N, D]``; ``y`` ``[..., N]`` (one output, or a class
-        label per row; ``[N, 1]`` is taken as ``[N]``) or ``[..., N, L]`` for ``L`` outputs of an element-wise
+        """The layer's data as tensors, checked (:mod:`pyro_sparsegp.checks.inputs`: tensors, numpy, lists, pandas;
+        floating data in the module's dtype and device): ``X`` ``[..., N, D]``; ``y`` ``[..., N]`` (one output, or a
+        class label per row; ``[N, 1]`` is taken as ``[N]``) or ``[..., N, L]`` for ``L`` outputs of an element-wise
         likelihood, where ``NaN`` marks an output that is not observed (masked out of the bound; a row needs one
         observed output). Returns ``(X, y)``; errors name ``N``, ``D`` and ``L``. Every entry point calls it (``fit``
         once, on the whole data)."""

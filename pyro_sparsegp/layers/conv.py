@@ -38,9 +38,9 @@ import math
 import torch
 from pyro.nn import PyroModule, pyro_method
 
+from ..context.naming import unique_name
 from ..inducing import IndexedInducingPatches
 from ..kernels.conv import TICK, _image, _pair, output_shape, patches
-from ..naming import unique_name
 from .deep import DeepGP
 from .solvegp import SOLVEGP
 from .svgp import SVGP

@@ -44,11 +44,11 @@ import pyro
 import torch
 from pyro.nn import PyroModule
 
-from ..composition import BoundModule, layer_method
+from ..checks.inputs import as_targets, as_tensor
+from ..context.composition import BoundModule, layer_method
+from ..context.naming import register_name, unique_name
 from ..distributions import MarginalizedLikelihood
-from ..inputs import as_targets, as_tensor
 from ..likelihoods import _check_finite
-from ..naming import register_name, unique_name
 from ..saving import Saveable
 from ..variational.cache import take
 from .base import named_data_plate, qf_points, sample_marginal
@@ -154,7 +154,7 @@ class DeepGP(DeepPrediction, Saveable, PyroModule):
         return self.last.strategy.natgrad_families()
 
     def check_inputs(self, X, y=None):
-        """The data as tensors, checked (:mod:`pyro_sparsegp.inputs`, as :meth:`SVGP.check_inputs`): ``X``
+        """The data as tensors, checked (:mod:`pyro_sparsegp.checks.inputs`, as :meth:`SVGP.check_inputs`): ``X``
         ``[..., N, D_0]``, ``y`` ``[..., N]`` (``[N, 1]`` taken as ``[N]``) or ``[..., N, L]``; returns ``(X, y)``."""
         first, ref = self._stack[0], self.last.inducing
         X = as_tensor(X, "X", ref.dtype, ref.device)

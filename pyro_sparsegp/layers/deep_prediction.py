@@ -13,7 +13,7 @@ __all__ = ["DeepPrediction"]
 
 
 class DeepPrediction:
-    """Mixin of :class:`~pyro_sparsegp.layers.deep.DeepGP`: the predictive mixture's components, its test
+    """Mixin of :class:`~pyro_sparsegp.DeepGP`: the predictive mixture's components, its test
     log-likelihood and class probabilities. ``batch_size`` rows of ``X`` at a time (``None``: all at once). The
     mixture of ``S`` Gaussians of Salimbeni & Deisenroth 2017 (samples propagated through the hidden layers'
     marginals). ``X`` ``[N, D]``; components ``[S, N]`` or ``[S, N, L]``."""

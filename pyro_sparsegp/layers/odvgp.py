@@ -61,11 +61,11 @@ from torch.distributions import constraints
 from .. import conditionals as cond
 from .. import covariances as cov
 from .. import inducing as ind
-from ..composition import layer_method
-from ..inputs import as_tensor
+from ..checks.inputs import as_tensor
+from ..checks.validation import check_orthogonal_inputs
+from ..context.composition import layer_method
 from ..kernels.matvec import kernel_matvec
 from ..linalg import whitened_marginals
-from ..validation import check_orthogonal_inputs
 from .solvegp import OrthogonalInputs
 from .svgp import SVGP
 

@@ -27,13 +27,13 @@ from pyro import poutine
 from pyro.nn import PyroParam
 from torch.distributions import constraints
 
-from .. import deferred
-from ..composition import BoundModule, check_plate_alignment, layer_method
-from ..composition import plate as data_plate
+from ..checks.inputs import as_tensor, check_missing, fill_missing
+from ..checks.validation import check_positive_int
+from ..context import deferred
+from ..context.composition import BoundModule, check_plate_alignment, layer_method
+from ..context.composition import plate as data_plate
 from ..distributions import MarginalizedLikelihood
-from ..inputs import as_tensor, check_missing, fill_missing
 from ..kernels import Separate
-from ..validation import check_positive_int
 
 __all__ = ["Outputs", "as_kernel", "check_outputs", "mixing_matrix", "targets", "masked", "masked_sum",
            "check_targets"]
@@ -93,7 +93,7 @@ def mixing_matrix(W, num_outputs: int, num_latents: int | None, like) -> PyroPar
 
 def targets(y, per_output: bool):
     """The observations laid out like ``f``, with their mask: ``y`` ``[..., B, L]`` of ``L`` element-wise outputs
-    becomes ``[..., L, B]`` filled where missing (:func:`~pyro_sparsegp.inputs.fill_missing`), with ``mask``
+    becomes ``[..., L, B]`` filled where missing (:func:`~pyro_sparsegp.checks.inputs.fill_missing`), with ``mask``
     ``[..., L, B]`` (``None`` when nothing is missing); other ``y`` (one output, class labels) as it is, mask
     ``None``. Input handling: implements no paper equation."""
     if y is None or not per_output:
@@ -119,7 +119,7 @@ def check_targets(likelihood, y: torch.Tensor, per_output: bool) -> None:
     """The checks of ``y`` (``[..., N, L]`` of ``per_output`` element-wise outputs, else ``[..., N]``): a ``NaN`` among
     ``L`` outputs marks a missing one (a row with none observed is refused); elsewhere it is an error that says
     so; then the likelihood's own checks (finite, in its support). Skipped inside ``fit`` on a GPU, which checked
-    ``y`` once (:mod:`pyro_sparsegp.deferred`). Input checking: implements no paper equation."""
+    ``y`` once (:mod:`pyro_sparsegp.context.deferred`). Input checking: implements no paper equation."""
     if likelihood is None or deferred.active() is not None:
         return
     if per_output:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..composition import layer_method
+from ..checks.validation import check_predict
+from ..context.composition import layer_method
 from ..kernels import kernel_matrix
 from ..linalg import cholesky, solve_lower
-from ..validation import check_predict
 
 __all__ = ["Prediction"]
 

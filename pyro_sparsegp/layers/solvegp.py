@@ -39,9 +39,9 @@ import torch
 
 from .. import covariances as cov
 from .. import inducing as ind
-from ..composition import layer_method, sampled_attributes
-from ..inputs import as_tensor
-from ..validation import check_orthogonal_inputs
+from ..checks.inputs import as_tensor
+from ..checks.validation import check_orthogonal_inputs
+from ..context.composition import layer_method, sampled_attributes
 from ..variational import GaussianQ, OrthogonalLMCStrategy, OrthogonalStrategy
 from ..variational.structured import structured_svgp_params
 from .svgp import SVGP

@@ -20,11 +20,11 @@ import torch
 from pyro.nn import PyroModule
 
 from .. import covariances as cov
-from ..checking import record_layer
-from ..composition import draw_hyperparameters, layer_method, sampled_attributes
+from ..checks.program import record_layer
+from ..context.composition import draw_hyperparameters, layer_method, sampled_attributes
+from ..context.naming import KeepsOwnName, claim_name, unique_name
 from ..likelihoods import Likelihood
 from ..linalg import KUU_ADVICE, cholesky
-from ..naming import KeepsOwnName, claim_name, unique_name
 from ..variational import GaussianQ, LMCStrategy, Strategy
 from ..variational.cache import take
 from .base import LayerData, as_inputs, layer_arguments
@@ -49,7 +49,7 @@ class SVGP(Outputs, LayerData, Prediction, KeepsOwnName, PyroModule):
     :param bool whiten: put the prior ``N(0, I)`` on ``v = Luu^{-1} u`` instead of ``N(0, Kuu)`` on ``u``.
     :param str name: prefix of the sample sites (and, under Pyro's global parameter store, of the parameters).
         ``None`` (default): ``"gp"``, or ``"gp_2"``, ``"gp_3"``, ... while a module of that name is alive, so that
-        two modules never share parameters (:mod:`pyro_sparsegp.naming`).
+        two modules never share parameters (:mod:`pyro_sparsegp.context.naming`).
     :param bool integrate_f: observe ``y`` from :class:`MarginalizedLikelihood` (``f`` integrated out given ``u``;
         same bound, lower variance) instead of sampling the ``<name>.f`` site. The default (``None``) integrates for
         likelihoods that are piecewise constant in ``f``, such as robust-max, whose sampled ``f`` site carries no

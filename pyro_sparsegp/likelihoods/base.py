@@ -17,11 +17,12 @@ import torch
 from pyro.nn import PyroModule
 from torch.distributions import constraints
 
-from .. import deferred
-from ..composition import seed_context
+from ..checks.inputs import _type_name
+from ..context import deferred
+from ..context.composition import seed_context
 from ..linalg import gauss_hermite
 
-__all__ = ["Likelihood", "live_gaussian_likelihoods"]
+__all__ = ["Likelihood", "live_gaussian_likelihoods", "check_likelihood"]
 
 _LIVE_GAUSSIAN = weakref.WeakSet()  # every Gaussian likelihood alive: NaturalGradient's noise step finds them here
 
@@ -32,8 +33,22 @@ def live_gaussian_likelihoods() -> list:
     return list(_LIVE_GAUSSIAN)
 
 
+def check_likelihood(likelihood) -> None:
+    """A layer's ``likelihood`` argument: ``None`` or a :class:`Likelihood` that defines ``distribution(f)``; else
+    ``TypeError`` naming what was given and the fix. No tensors, so shapes do not apply; argument checking:
+    implements no paper equation."""
+    if likelihood is not None and not isinstance(likelihood, Likelihood):
+        raise TypeError(
+            f"likelihood must be a pyro_sparsegp Likelihood (e.g. ps.Gaussian()) or None, got {_type_name(likelihood)}"
+        )
+    if likelihood is not None and type(likelihood).distribution is Likelihood.distribution:
+        raise TypeError(f"{type(likelihood).__name__} must define distribution(f), the distribution of y given f "
+                        "[..., B] with batch shape [..., B] (docs/extending.md: 'Your own kernel, likelihood or mean "
+                        "function')")
+
+
 def _check_finite(name, t):
-    if deferred.active() is not None:  # fit checked the data once (deferred.py)
+    if deferred.active() is not None:  # fit checked the data once (context/deferred.py)
         return
     if not torch.isfinite(t).all():
         raise ValueError(f"{name} contains NaN or inf")
@@ -102,8 +117,8 @@ class Likelihood(PyroModule):
         (``log sigmoid``, ``log Phi``) make the quadrature converge slowly in the width of q(f): measured for
         Bernoulli (worst over means within 3 sd), 20 nodes err by 1.4e-6 nats at sd 2, 6.7e-4 at sd 4, 2.5e-3 at
         sd 5, 1.8e-2 at sd 8; the rule keeps it to 3e-5 at sd 4, 1e-4 at sd 5, 3e-4 at sd 8, 1.4e-3 at sd 12
-        (capped at 100 nodes, 1e-2 at sd 20). Inside :func:`~pyro_sparsegp.deferred.deferred_checks` (``fit`` on a
-        GPU), where ``sd_max`` is not read back, the cap (never fewer nodes than the rule would take). ``f_var`` has
+        (capped at 100 nodes, 1e-2 at sd 20). Inside :func:`~pyro_sparsegp.context.deferred.deferred_checks` (``fit`` on
+        a GPU), where ``sd_max`` is not read back, the cap (never fewer nodes than the rule would take). ``f_var`` has
         any shape (``[..., B]``); returns an ``int``.
         Implements no paper equation: a numerical rule for the quadrature of Hensman et al. 2015, section 4."""
         if f_var.numel() == 0:
@@ -148,7 +163,7 @@ class Likelihood(PyroModule):
         """Model side: register the observed site ``name`` with ``y ~ distribution(f)`` (call inside the data
         plate). ``prefix`` names any auxiliary site a likelihood adds (``<prefix>.omega``)."""
         if y is not None:
-            if deferred.active() is None:  # else fit checked y once (deferred.py)
+            if deferred.active() is None:  # else fit checked y once (context/deferred.py)
                 self.check_y(y)
             y = self._as_values(y, f)
         seed_context(self)

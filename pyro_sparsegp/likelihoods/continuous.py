@@ -17,7 +17,7 @@ import torch
 from pyro.nn import PyroParam
 from torch.distributions import constraints
 
-from .. import deferred
+from ..context import deferred
 from .base import Likelihood, _check_finite, _init_param
 
 __all__ = ["StudentT", "Gamma", "Beta"]

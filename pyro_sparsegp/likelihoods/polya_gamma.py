@@ -21,8 +21,8 @@ from __future__ import annotations
 import pyro
 import torch
 
-from .. import deferred
-from ..composition import seed_context
+from ..context import deferred
+from ..context.composition import seed_context
 from ..distributions import PolyaGamma, PolyaGammaAugmentedBernoulli
 from .bernoulli import Bernoulli
 
@@ -66,7 +66,7 @@ class PolyaGammaLogit(Bernoulli):
 
     def forward(self, f, y=None, name="y", prefix="gp"):
         if y is not None:
-            if deferred.active() is None:  # else fit checked y once (deferred.py)
+            if deferred.active() is None:  # else fit checked y once (context/deferred.py)
                 self.check_y(y)
             y = self._as_values(y, f)
         seed_context(self)

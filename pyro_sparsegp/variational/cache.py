@@ -3,9 +3,9 @@
 Pyro runs the guide, then replays the model with the guide's values and the same parameters. A strategy
 (:mod:`pyro_sparsegp.variational.strategy`) computes its factors (``Kuu``, its Cholesky factor, the projections of
 the inputs) in the guide and leaves them here; the model takes them out if the key matches (inputs, parameter
-storage and versions, the identity of every sampled hyperparameter: :func:`~pyro_sparsegp.composition.values_key`),
-and computes its own otherwise. An entry is read at most once, so nothing stale is ever read twice. No paper
-equation: bookkeeping.
+storage and versions, the identity of every sampled hyperparameter:
+:func:`~pyro_sparsegp.context.composition.values_key`), and computes its own otherwise. An entry is read at most once,
+so nothing stale is ever read twice. No paper equation: bookkeeping.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import torch
 
 from .. import conditionals as cond
 from .. import covariances as cov
-from ..composition import layer_method, values_key
+from ..context.composition import layer_method, values_key
 from ..distributions.kl import ConditionalNormal
 from ..linalg import KUU_ADVICE, cholesky, project_chol, whitened_marginals
 from .cache import FactorCache, XKey

@@ -169,7 +169,7 @@ def test_the_corrected_programs_pass_and_train(kind):
     svi = SVI(prog.model, prog.guide, optim, _vectorised(4))
     losses = [svi.step(X, y, subsample_size=B) for _ in range(15)]
     assert sum(losses[-5:]) < sum(losses[:5]), losses
-    assert not ps.checking._WAITING and not ps.checking._RECORDS[0]  # nothing recorded after the first step
+    assert not ps.checks.program._WAITING and not ps.checks.program._RECORDS[0]  # nothing recorded after the first step
     state = ps.infer.fit(prog, X, y, num_steps=15, batch_size=B, elbo=_vectorised(4), progress=False)
     assert sum(state.losses[-5:]) < sum(state.losses[:5]), state.losses
 
@@ -333,13 +333,13 @@ def test_natural_gradient_skips_a_program_without_layers():
     with pyro.plate("num_particles_vectorized", 4, dim=-3):
         guide_trace = poutine.trace(prog.guide).get_trace(X, y, subsample_size=B)
         poutine.trace(poutine.replay(prog.model, trace=guide_trace)).get_trace(X, y, subsample_size=B)
-    assert "model" in ps.checking._RECORDS[0]
+    assert "model" in ps.checks.program._RECORDS[0]
 
     def model(y):
         pyro.sample("y", dist.Normal(pyro.param("m", torch.zeros(())), 1.0).expand([len(y)]).to_event(1), obs=y)
 
     SVI(model, lambda y: None, optim, Trace_ELBO()).step(y)
-    assert pyro.param("m").item() != 0.0 and not ps.checking._RECORDS[0]
+    assert pyro.param("m").item() != 0.0 and not ps.checks.program._RECORDS[0]
 
 
 def test_a_covered_dimension_of_another_size_raises():

@@ -188,7 +188,7 @@ def test_cache_never_serves_factors_of_other_hyperparameter_values():
 
 
 def test_user_owned_data_plate_beside_autoguide_list():
-    """The documented pattern with a data plate the user owns: ps.composition.plate joins AutoGuideList's plate."""
+    """The documented pattern with a data plate the user owns: ps.context.plate joins AutoGuideList's plate."""
     X, y, _, _ = _powerplant(128)
     gp = _hyperprior_svgp(X, M=8)
     lik = gp.likelihood
@@ -201,7 +201,7 @@ def test_user_owned_data_plate_beside_autoguide_list():
 
     def guide(X, y):
         u = gp.sample_u(guide=True)
-        with ps.composition.plate("data", len(X), subsample_size=32) as i:
+        with ps.context.plate("data", len(X), subsample_size=32) as i:
             gp.sample_f(X[i], u, guide=True)
 
     g = AutoGuideList(model)
@@ -498,7 +498,7 @@ def test_hierarchical_gp_trend_with_group_effects():
 
     def gp_guide(t, g, y):
         u = gp.sample_u(guide=True)
-        with ps.composition.plate("data", len(t), subsample_size=100) as i:
+        with ps.context.plate("data", len(t), subsample_size=100) as i:
             gp.sample_f(t[i], u, guide=True)
 
     guide = AutoGuideList(model)

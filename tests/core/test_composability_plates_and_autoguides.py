@@ -43,7 +43,7 @@ def test_autoguide_list_plate_of_another_size_is_refused_loudly():
 
 
 def test_user_guide_plate_of_another_size_is_refused_loudly():
-    """The same with a data plate the user owns (ps.composition.plate in the guide part)."""
+    """The same with a data plate the user owns (ps.context.plate in the guide part)."""
     X = torch.randn(40, 2)
     gp = _svgp(X)
 
@@ -54,7 +54,7 @@ def test_user_guide_plate_of_another_size_is_refused_loudly():
 
     def guide(X):
         u = gp.sample_u(guide=True)
-        with ps.composition.plate("data", len(X), subsample_size=10) as i:
+        with ps.context.plate("data", len(X), subsample_size=10) as i:
             gp.sample_f(X[i], u, guide=True)
 
     g = AutoGuideList(model)

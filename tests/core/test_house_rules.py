@@ -7,7 +7,13 @@
   watched in a fresh interpreter, asks for it from nowhere else;
 * the top-level modules and subpackages of ``pyro_sparsegp`` import one another without a cycle (function-level
   imports counted: a cycle broken only by deferring an import is still a cycle; ``inputs`` <-> ``validation`` was
-  the last);
+  the last, ``checks`` <-> ``linalg`` <-> ``likelihoods`` nearly the next); the run-time context (``context/``)
+  imports nothing else of the package;
+* the package root holds the user-facing modules only (:data:`ROOT_MODULES`): plumbing lives in a subpackage whose
+  name says what it holds (``checks/``, ``context/``, ...);
+* one import path per class: a class that a module exports (its ``__all__``) is defined there, so no class is
+  importable from two sibling modules that both look like its home (packages' ``__init__`` re-export freely:
+  ``ps.DeepGP`` is the public path of :class:`pyro_sparsegp.layers.deep.DeepGP`);
 * no file over 400 lines, no class over 200, no function over 80 (a docstring counts; decorators too).
 
 ``KNOWN_OVER`` lists what may stay over (with its size, never to grow): nothing since the restructuring of
@@ -267,12 +273,91 @@ def _cycles(graph: dict) -> list:
 
 def test_top_level_modules_import_without_a_cycle():
     graph = _top_level_graph()
-    assert {"inputs", "validation", "linalg", "layers", "infer"} <= set(graph)  # the scan found the package
-    assert "inputs" in graph["validation"] and "validation" not in graph["inputs"]  # the circle stays broken
+    assert {"checks", "context", "linalg", "layers", "infer"} <= set(graph)  # the scan found the package
+    assert "checks" in graph["linalg"] and "linalg" not in graph["checks"]  # the Cholesky's checks live in checks/
+    assert not graph["context"], f"context/ is the bottom layer and imports {graph['context']}"
     cycles = _cycles(graph)
     assert not cycles, f"import cycles between top-level modules (function-level imports count): {cycles}"
-    # the detector: the old inputs -> validation import closes a cycle
-    assert _cycles({**graph, "inputs": graph["inputs"] | {"validation"}}) == [["inputs", "validation"]]
+    # the detector: a checks -> linalg import (the warn-once helper, or the likelihoods' quadrature) closes a cycle
+    assert _cycles({**graph, "checks": graph["checks"] | {"linalg"}}) == [["checks", "linalg"]]
+
+
+def test_the_inputs_validation_circle_stays_broken():
+    """Inside ``checks/``: ``validation`` converts through ``inputs``, and ``inputs`` never imports ``validation``."""
+    names = {name for _, name in _imported_modules(PKG / "checks" / "validation.py")}
+    assert "pyro_sparsegp.checks.inputs" in names
+    names = {name for _, name in _imported_modules(PKG / "checks" / "inputs.py")}
+    assert not any(n.startswith("pyro_sparsegp.checks.validation") for n in names), names
+
+
+#: the modules the package root may hold: what a user imports by name (``ps.datasets``, ``ps.saving``, ...); plumbing
+#: goes into a subpackage that says what it holds (``checks/``, ``context/``, ``infer/``, ...)
+ROOT_MODULES = {"__init__", "__main__", "conditionals", "conv", "datasets", "data_stream", "deep", "linalg",
+                "mean_functions", "saving"}
+
+
+def test_the_package_root_holds_no_plumbing():
+    found = {p.stem for p in PKG.glob("*.py")}
+    extra, missing = found - ROOT_MODULES, ROOT_MODULES - found
+    assert not extra, (f"modules at the package root that are not user-facing: {sorted(extra)}; move them into the "
+                       "subpackage that says what they hold (checks/, context/, ...) or, if users import them by "
+                       "name, add them to ROOT_MODULES")
+    assert not missing, f"ROOT_MODULES names modules that no longer exist: {sorted(missing)}"
+
+
+def _exported_classes(module) -> list:
+    """``(name, class)`` for every class in ``module.__all__`` (a module without ``__all__`` exports nothing)."""
+    return [(name, obj) for name in getattr(module, "__all__", ()) if isinstance(obj := getattr(module, name), type)]
+
+
+def _misplaced_classes(modules) -> list:
+    """``"module.Name (defined in home)"`` for each class a non-``__init__`` module exports but does not define."""
+    bad = []
+    for module in modules:
+        if hasattr(module, "__path__"):
+            continue  # a package's __init__ re-exports its modules' classes: the public path
+        for name, cls in _exported_classes(module):
+            if cls.__module__ != module.__name__:
+                bad.append(f"{module.__name__}.{name} (defined in {cls.__module__})")
+    return bad
+
+
+def test_one_import_path_per_class():
+    """No class is exported by a module other than the one that defines it (packages' ``__init__`` aside): the
+    defining module is the only non-``__init__`` import path that names it."""
+    import importlib
+    import pkgutil
+    import warnings
+
+    import pyro_sparsegp
+
+    modules = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for info in pkgutil.walk_packages(pyro_sparsegp.__path__, "pyro_sparsegp."):
+            if info.name != "pyro_sparsegp.__main__":
+                modules.append(importlib.import_module(info.name))
+    assert len(modules) > 50  # the walk found the package
+    bad = _misplaced_classes(modules)
+    assert not bad, ("classes exported by a module that does not define them (a second import path beside their "
+                     "home; export them from a package's __init__ or import them from their home):\n"
+                     + "\n".join(bad))
+
+
+def test_the_re_export_scan_sees_a_sibling_re_export():
+    """The scan itself: a module that exports a sibling's class is reported, one that only uses it is not, and a
+    package's ``__init__`` may re-export."""
+    import types
+
+    home, sibling, user, package = (types.ModuleType(n) for n in ("pkg.home", "pkg.sibling", "pkg.user", "pkg"))
+    Thing = type("Thing", (), {"__module__": "pkg.home"})
+    home.Thing, home.__all__ = Thing, ["Thing"]
+    sibling.Thing, sibling.__all__ = Thing, ["Thing", "helper"]
+    sibling.helper = len
+    user.Thing, user.__all__ = Thing, ["build"]
+    user.build = len
+    package.Thing, package.__all__, package.__path__ = Thing, ["Thing"], []
+    assert _misplaced_classes([home, sibling, user, package]) == ["pkg.sibling.Thing (defined in pkg.home)"]
 
 
 def _over(path: Path) -> tuple[str, dict]:

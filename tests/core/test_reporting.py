@@ -9,9 +9,10 @@ from pyro.contrib.gp.kernels import RBF
 from pyro.infer import SVI, Trace_ELBO
 
 import pyro_sparsegp as ps
-from pyro_sparsegp import linalg, reporting
+from pyro_sparsegp import linalg
+from pyro_sparsegp.checks import InputPrecisionWarning
+from pyro_sparsegp.context import reporting
 from pyro_sparsegp.infer.natgrad import NatGradDampingWarning
-from pyro_sparsegp.inputs import InputPrecisionWarning
 
 
 def _caught(fn):

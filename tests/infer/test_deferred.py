@@ -1,4 +1,4 @@
-"""Deferred checks (``pyro_sparsegp.deferred``): ``fit`` on an accelerator reads nothing back inside a step; a
+"""Deferred checks (``pyro_sparsegp.context.deferred``): ``fit`` on an accelerator reads nothing back inside a step; a
 failed factorisation or an inexact kernel flagged in a window makes ``fit`` redo the window with the remedy.
 
 The deferred path is what every device but the CPU takes; here it is forced on the CPU (``loop._DEFER_ON_CPU``)."""
@@ -12,7 +12,7 @@ import torch
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
-from pyro_sparsegp import deferred
+from pyro_sparsegp.context import deferred
 from pyro_sparsegp.deep import build_deep_gp
 from pyro_sparsegp.linalg import CholeskyJitterWarning, reset_warnings
 

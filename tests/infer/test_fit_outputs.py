@@ -83,8 +83,8 @@ def test_fit_checks_the_rows_once():
 @pytest.mark.float64
 @pytest.mark.parametrize("num_latents", [None, 2], ids=["independent", "lmc"])
 def test_the_deferred_fit_masks_as_the_immediate_fit(num_latents, monkeypatch):
-    """On an accelerator ``fit`` reads nothing back inside a step (``pyro_sparsegp.deferred``), so the mask is formed
-    on every minibatch, missing entries or not: the run equals the CPU's, which masks only where something is
+    """On an accelerator ``fit`` reads nothing back inside a step (``pyro_sparsegp.context.deferred``), so the mask is
+    formed on every minibatch, missing entries or not: the run equals the CPU's, which masks only where something is
     missing."""
     fit_module = importlib.import_module("pyro_sparsegp.infer.training.loop")
     X, _, y = _problem()

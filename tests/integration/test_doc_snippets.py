@@ -76,7 +76,7 @@ SETUP = {
         # 28x28 greyscale images as rows [N, 784]: inducing patches Zp [8, 25], orthogonal patches O, images Zimg
         5: """
 import torch
-from pyro_sparsegp.conv import init_patches
+from pyro_sparsegp.inducing import init_patches
 X = torch.rand(16, 784)
 Zp = init_patches(X, (28, 28, 1), 5, M=8, num_images=16, per_centre=10)
 O = init_patches(X, (28, 28, 1), 5, M=4, num_images=16, per_centre=10, seed=1)

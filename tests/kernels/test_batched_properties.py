@@ -2,8 +2,8 @@
 own kernels (the oracle) one member at a time: hyperparameters drawn under vectorised particles (``[P, 1]``, ARD
 ``[P, 1, D]``) give one matrix per particle and are refused when drawn inside the data plate; feature selection by
 ``active_dims``; the generic fallback (any other Pyro kernel) over batched inputs, and its refusal of a user kernel
-whose block has the wrong shape; inside :func:`~pyro_sparsegp.deferred.deferred_checks` the exactness test is not
-read but recorded (the product form is kept, or the differences once ``exact_kernels`` is set)."""
+whose block has the wrong shape; inside :func:`~pyro_sparsegp.context.deferred.deferred_checks` the exactness test is
+not read but recorded (the product form is kept, or the differences once ``exact_kernels`` is set)."""
 
 import math
 
@@ -14,7 +14,7 @@ import torch
 from pyro.contrib.gp import kernels as pk
 from pyro.nn import PyroSample
 
-from pyro_sparsegp import deferred
+from pyro_sparsegp.context import deferred
 from pyro_sparsegp.kernels import batched as kern
 from pyro_sparsegp.kernels import expected_input_dim, kernel_diag, kernel_matrix, required_features
 

@@ -216,7 +216,7 @@ def test_user_owned_plate_under_vectorised_particles_estimates_the_closed_form()
 
     def guide(X, y):
         u = gp.sample_u(guide=True)
-        with ps.composition.plate("data", len(X)):
+        with ps.context.plate("data", len(X)):
             gp.sample_f(X, u, guide=True)
 
     elbo = Trace_ELBO(num_particles=400, vectorize_particles=True, max_plate_nesting=1)

@@ -8,7 +8,7 @@ import torch
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.conv import ConvLayer, DeepConvGP
+from pyro_sparsegp import ConvLayer, DeepConvGP
 
 H, W, C = 6, 5, 2
 

@@ -13,7 +13,9 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyro.nn import PyroSample
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.conv import ConvLayer, DeepConvGP, init_patches, log_likelihood_and_accuracy
+from pyro_sparsegp import ConvLayer, DeepConvGP
+from pyro_sparsegp.conv import log_likelihood_and_accuracy
+from pyro_sparsegp.inducing import init_patches
 from pyro_sparsegp.infer import fit
 from pyro_sparsegp.infer.training.steps import _default_elbo
 from pyro_sparsegp.variational import GaussianQ

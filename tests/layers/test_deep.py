@@ -12,7 +12,8 @@ from pyro.contrib.gp.kernels import RBF
 from pyro.infer import Predictive, Trace_ELBO, TraceMeanField_ELBO
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.deep import DeepGP, build_deep_gp, init_inducing
+from pyro_sparsegp import DeepGP
+from pyro_sparsegp.deep import build_deep_gp, init_inducing
 from pyro_sparsegp.mean_functions import Identity, Linear
 
 

@@ -9,7 +9,9 @@ import torch
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.conv import ConvLayer, DeepConvGP, build_deep_conv_gp, init_patches
+from pyro_sparsegp import ConvLayer, DeepConvGP
+from pyro_sparsegp.conv import build_deep_conv_gp
+from pyro_sparsegp.inducing import init_patches
 from pyro_sparsegp.linalg import cholesky
 from pyro_sparsegp.saving import describe
 

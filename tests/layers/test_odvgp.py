@@ -214,7 +214,7 @@ def test_errors():
 
 
 def test_numpy_inputs_and_a_unique_default_name():
-    """ODVGP takes inputs the way every module does (pyro_sparsegp.inputs): numpy Z, a list O, numpy X and y give
+    """ODVGP takes inputs the way every module does (pyro_sparsegp.checks.inputs): numpy Z, a list O, numpy X and y give
     the bound the tensors give; two ODVGPs built side by side get distinct names."""
     g = torch.Generator(torch.get_default_device()).manual_seed(0)
     X, y = torch.randn(30, 2, generator=g), torch.randn(30, generator=g)

@@ -312,7 +312,7 @@ def test_to_svgp_multi_output_patches_and_sampled_hyperparameters():
     import pyro.distributions as dist
     from pyro.nn import PyroSample
 
-    from pyro_sparsegp.conv import init_patches
+    from pyro_sparsegp.inducing import init_patches
 
     torch.manual_seed(0)
     X = torch.rand(12, 36)

@@ -16,10 +16,10 @@ import torch
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.deferred import DeferredChecks, deferred_checks
+from pyro_sparsegp.checks import InputPrecisionWarning
+from pyro_sparsegp.context.deferred import DeferredChecks, deferred_checks
 from pyro_sparsegp.distributions import PolyaGamma
 from pyro_sparsegp.infer import NonFiniteLossError, fit
-from pyro_sparsegp.inputs import InputPrecisionWarning
 from pyro_sparsegp.linalg import cholesky, reset_warnings
 
 
@@ -114,8 +114,8 @@ def test_cholesky_takes_round_off_asymmetry_and_checks_the_shape():
 
 
 def test_inside_fits_deferred_steps_cholesky_reads_nothing_back():
-    """On an accelerator ``fit``'s steps read nothing back (pyro_sparsegp.deferred): the symmetry test, which reads,
-    is not run there (the package's own matrices are symmetric by construction); a float tensor would sync."""
+    """On an accelerator ``fit``'s steps read nothing back (pyro_sparsegp.context.deferred): the symmetry test, which
+    reads, is not run there (the package's own matrices are symmetric by construction); a float tensor would sync."""
     A = _spd(6)
     bad = A.clone()
     bad[5, 0] += 10.0

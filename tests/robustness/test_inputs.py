@@ -12,8 +12,8 @@ import torch
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.inputs import as_tensor, digits_kept
-from pyro_sparsegp.validation import InputPrecisionWarning
+from pyro_sparsegp.checks import InputPrecisionWarning
+from pyro_sparsegp.checks.inputs import as_tensor, digits_kept
 
 
 class FrameLike:
@@ -177,7 +177,7 @@ def test_numpy_data_follow_the_default_device_and_mixed_devices_are_named():
     puts them (a GPU user's path; the ``meta`` device stands in for it on the CPU); a tensor ``Z`` on another device
     than the kernel's parameters (rows read from a memory-mapped file into host memory) or an ``O`` on another
     device than ``Z`` is refused with both devices named, instead of failing inside the first kernel product."""
-    from pyro_sparsegp.inputs import as_tensor
+    from pyro_sparsegp.checks.inputs import as_tensor
 
     Z = np.random.default_rng(0).normal(size=(5, 2))
     assert as_tensor(Z, "Z").device == torch.get_default_device()

@@ -29,7 +29,7 @@ from pyro_sparsegp.kernels import kernel_matrix
 IllConditionedWarning = getattr(linalg, "IllConditionedWarning", type("Missing1", (Warning,), {}))
 _reset_warnings = getattr(linalg, "reset_warnings", lambda: None)
 try:
-    from pyro_sparsegp.validation import InputPrecisionWarning
+    from pyro_sparsegp.checks import InputPrecisionWarning
 except ImportError:  # pragma: no cover - older versions
     InputPrecisionWarning = type("Missing2", (Warning,), {})
 

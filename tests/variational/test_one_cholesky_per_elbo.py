@@ -98,7 +98,7 @@ def test_deep_gp_factorises_each_layer_once(orthogonal):
 def test_deep_conv_gp_factorises_each_layer_once():
     """A deep conv GP (a hidden ConvLayer with 2 channels over 4 inducing patches, a TICK output layer with 5):
     one Cholesky per layer per ELBO evaluation."""
-    from pyro_sparsegp.conv import ConvLayer, DeepConvGP
+    from pyro_sparsegp import ConvLayer, DeepConvGP
 
     H = W = 5
     hidden = ConvLayer(RBF(9, lengthscale=torch.tensor(3.0)), (H, W, 1), 3, 1, 2, torch.randn(4, 9), name="h")

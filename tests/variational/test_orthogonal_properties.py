@@ -91,7 +91,7 @@ def test_only_the_plain_layer_warns_about_a_singular_prior_covariance(which, mon
     singular: the un-whitened bound inverts it and warns; the whitened one never inverts it and stays silent."""
     import warnings
 
-    from pyro_sparsegp import linalg
+    from pyro_sparsegp.context import reporting
     from pyro_sparsegp.linalg import IllConditionedWarning
 
     k = RBF(2, lengthscale=torch.tensor(1.0))
@@ -105,12 +105,12 @@ def test_only_the_plain_layer_warns_about_a_singular_prior_covariance(which, mon
         warnings.simplefilter("ignore")  # the constructor's own checks of the inputs may warn too
         plain = ps.SOLVEGP(k, Z, O, ps.Gaussian(), whiten=False, jitter=1e-12)
         white = ps.SOLVEGP(k, Z, O, ps.Gaussian(), whiten=True, jitter=1e-12)
-    monkeypatch.setattr(linalg, "_REPORTED", set())  # each warning is reported once per process
+    monkeypatch.setattr(reporting, "_REPORTED", set())  # each warning is reported once per process
     with warnings.catch_warnings(record=True) as seen, torch.no_grad():
         warnings.simplefilter("always")
         white.strategy.joint_factors()
     assert not [w for w in seen if issubclass(w.category, IllConditionedWarning)]
-    monkeypatch.setattr(linalg, "_REPORTED", set())
+    monkeypatch.setattr(reporting, "_REPORTED", set())
     with warnings.catch_warnings(record=True) as seen, torch.no_grad():
         warnings.simplefilter("always")
         plain.strategy.joint_factors()

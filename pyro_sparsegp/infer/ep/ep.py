@@ -61,8 +61,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...checks.validation import check_positive_int
 from ...linalg import cholesky
-from ...validation import check_positive_int
 from ..training.progress import Progress
 from .sites import (  # noqa: F401  (ep_refine, _fitc_stats: public and test access through this module)
     _aggregate,

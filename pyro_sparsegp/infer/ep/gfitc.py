@@ -58,9 +58,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...context.reporting import warn
 from ...linalg import cholesky
 from ...mean_functions import Zero
-from ...reporting import warn
 from ..training.progress import Progress
 from .sites import _aggregate, _check_module, _fitc_stats, _gauss, _log_norm, _proj, _write_q
 

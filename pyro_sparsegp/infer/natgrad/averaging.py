@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ...reporting import family_layer, warn
+from ...context.reporting import family_layer, warn
 from .from_grads import _set_constrained
 
 __all__ = ["IterateAverage", "MAX_CONDITION"]

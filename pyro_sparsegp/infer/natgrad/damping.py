@@ -8,7 +8,7 @@ import numbers
 
 import torch
 
-from ...linalg import _warn_once
+from ...context.reporting import _warn_once
 
 __all__ = ["NatGradDampingWarning", "check_natgrad_lr"]
 

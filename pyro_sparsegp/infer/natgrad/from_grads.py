@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from pyro.distributions.transforms import LowerCholeskyTransform, transform_to
 
-from ... import deferred
+from ...context import deferred
 from .damping import _damp
 
 __all__ = ["natgrad_from_grads_", "noise_step_from_grads_"]

@@ -31,9 +31,9 @@ import numbers
 import torch
 from pyro.optim import PyroOptim
 
-from ...checking import FirstStepCheck
+from ...checks.program import FirstStepCheck
+from ...context.reporting import family_layer, in_layer
 from ...likelihoods import live_gaussian_likelihoods
-from ...reporting import family_layer, in_layer
 from ...variational import live_gaussian_families
 from .averaging import IterateAverage
 from .from_grads import natgrad_from_grads_, noise_step_from_grads_
@@ -170,7 +170,7 @@ class NaturalGradient(PyroOptim):
             raise ValueError(f"num_obs must be a positive integer (the number of observations) or None, got "
                              f"{num_obs!r}")
         self.num_obs = num_obs
-        self._check = FirstStepCheck()  # the first step checks the program SVI ran (pyro_sparsegp.checking)
+        self._check = FirstStepCheck()  # the first step checks the program SVI ran (pyro_sparsegp.checks.program)
 
     def __call__(self, params, *args, **kwargs) -> None:
         """One step: ``params`` is SVI's collection of unconstrained parameter tensors (gradients of the loss in

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader
 
-from ...composition import sampled_attributes
-from ...inputs import as_tensor
-from ...naming import check_not_superseded
+from ...checks.inputs import as_tensor
+from ...context.composition import sampled_attributes
+from ...context.naming import check_not_superseded
 from ..natgrad.policy import NatGradPlan, resolve_natgrad
 from .checkpoint import _read_checkpoint
 from .distributed import _dist

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from ...inputs import as_tensor
+from ...checks.inputs import as_tensor
 
 __all__ = ["EpochBatchSampler", "permute_positions", "BatchSource"]
 

@@ -50,7 +50,7 @@ import warnings
 
 import torch
 
-from ...composition import sampled_attributes
+from ...context.composition import sampled_attributes
 from ...likelihoods import Gaussian
 from ..natgrad.closed_forms import _A, _targets
 from ..natgrad.families import noise_natgrad_likelihood

@@ -7,8 +7,8 @@ deferred on an accelerator.
   factorisation, a validation error naming ``nan``/``inf``, a distribution parameter outside its support such as a
   noise driven to 0), restores the copy of the parameters taken at the start of the window (or of the previous one)
   and raises :class:`NonFiniteLossError` naming the step.
-* On every device but the CPU the steps' own checks are deferred (:mod:`pyro_sparsegp.deferred`): their flags are
-  read with the losses, and a window in which a Cholesky factorisation failed (or a kernel's product form was
+* On every device but the CPU the steps' own checks are deferred (:mod:`pyro_sparsegp.context.deferred`): their flags
+  are read with the losses, and a window in which a Cholesky factorisation failed (or a kernel's product form was
   inexact) is **redone** from its start with ten times the jitter (or the exact differences), Adam's moments
   restored too.
 """
@@ -23,9 +23,10 @@ import sys
 
 import torch
 
-from ...deferred import DeferredChecks, deferred_checks
-from ...inputs import fill_missing
-from ...linalg import CholeskyJitterWarning, _warn_once
+from ...checks.inputs import fill_missing
+from ...context.deferred import DeferredChecks, deferred_checks
+from ...context.reporting import _warn_once
+from ...linalg import CholeskyJitterWarning
 from ..natgrad.control import SPIKE_RUN
 from .distributed import max_over_ranks_
 
@@ -111,7 +112,8 @@ class _Snapshots:
 
 
 class _Redo(Exception):
-    """A sync found a deferred check's flag raised in the window (``pyro_sparsegp.deferred``): redo the window."""
+    """A sync found a deferred check's flag raised in the window (``pyro_sparsegp.context.deferred``): redo the
+    window."""
 
     def __init__(self, cholesky: bool, inexact: bool, damping: bool = False):
         super().__init__(f"redo the window (failed factorisation: {cholesky}, inexact kernel: {inexact}, "
@@ -120,7 +122,7 @@ class _Redo(Exception):
 
 
 def deferred_checks_for(module, device, y=None, on_cpu: bool = False) -> DeferredChecks | None:
-    """The :class:`~pyro_sparsegp.deferred.DeferredChecks` of a run on ``device`` (``None`` on the CPU unless
+    """The :class:`~pyro_sparsegp.context.deferred.DeferredChecks` of a run on ``device`` (``None`` on the CPU unless
     ``on_cpu``: checks read at once there). With deferred checks the value checks that the steps skip run here, once,
     on the whole targets ``y [N, ...]`` (if given)."""
     checks = DeferredChecks(device) if (device.type != "cpu" or on_cpu) else None
@@ -247,7 +249,7 @@ class StepGuard:
 
     def redo(self, redo_exc: _Redo) -> int:
         """A window whose steps used a failed factorisation or an inexact kernel: back to its start, with the remedy
-        (pyro_sparsegp.deferred); returns the step to continue from (the batches replay from there)."""
+        (pyro_sparsegp.context.deferred); returns the step to continue from (the batches replay from there)."""
         checks, start = self.checks, self.window_start
         self.pending, self.due = [], False
         self.snaps.restore(start)

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import pyro
 import torch
 
-from ...checking import check_model
-from ...reporting import at_step, in_layer
+from ...checks.program import check_model
+from ...context.reporting import at_step, in_layer
 from ..natgrad.natural_policy import as_policy
 from .arguments import Arguments, check_arguments, split_data
 from .batches import BatchSource
@@ -71,7 +71,7 @@ def _guarded_step(step: int, source: BatchSource, trainer: TrainingStep, guard: 
     """Step ``step``: its batch, the loss and gradients, the guard's row, the update. A numerical failure goes to
     the guard (which restores the last good parameters and raises :class:`NonFiniteLossError`); others propagate."""
     try:
-        with at_step(step):  # warnings raised in the step name it (pyro_sparsegp.reporting)
+        with at_step(step):  # warnings raised in the step name it (pyro_sparsegp.context.reporting)
             Xb, yb = next(source)
             loss = trainer.gradients(Xb, yb, guard.context)
             guard.record(step, loss, trainer.grads())

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from pyro_sparsegp import linalg
+from pyro_sparsegp.context import reporting
 from pyro_sparsegp.infer.natgrad.damping import NatGradDampingWarning, _damped_length, check_natgrad_lr
 
 
@@ -26,7 +26,7 @@ def test_check_natgrad_lr_refuses(lr):
 
 
 def test_damped_length_is_the_largest_halving_that_keeps_the_precision_positive(monkeypatch):
-    monkeypatch.setattr(linalg, "_REPORTED", set())
+    monkeypatch.setattr(reporting, "_REPORTED", set())
     M = 3
     theta2 = (-0.5 * torch.eye(M)).expand(4, M, M)  # precision I
     c = torch.tensor([2.0, -0.5, -3.0, -20.0])  # target precision c I: PD after a step r iff (1 - r) + r c > 0

@@ -15,7 +15,7 @@ import torch
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
-from pyro_sparsegp import linalg
+from pyro_sparsegp.context import reporting
 from pyro_sparsegp.infer.natgrad import NatGradDampingWarning, closed_forms, damping, natgrad_from_grads_
 from pyro_sparsegp.variational import GaussianQ, to_natural
 
@@ -38,7 +38,7 @@ def _q_with_grads(L=3, M=4, seed=0):
 def test_a_frozen_output_keeps_its_q(monkeypatch, retraction):
     """Output 1's gradient is NaN: 30 halvings cannot make it finite, so its length becomes 0 and its mean and scale
     stay exactly as they were; the other outputs take their (finite) step; the warning is raised."""
-    monkeypatch.setattr(linalg, "_REPORTED", set())
+    monkeypatch.setattr(reporting, "_REPORTED", set())
     q = _q_with_grads()
     q.u_scale_tril_unconstrained.grad[1].fill_(float("nan"))
     q.u_loc_unconstrained.grad[1].fill_(float("nan"))
@@ -56,7 +56,7 @@ def test_closed_form_step_halves_to_the_largest_positive_definite_length(monkeyp
     eigenvalue is -6: the new precision ``(1 - r) I + r diag(1, 1, 1, -6)`` is PD iff ``r < 1/7``, so ``r = 1``
     is halved three times to 1/8 (output 0); output 1 (no problem) keeps ``r = 1``; output 2, whose target has an
     eigenvalue of -2e12, needs ``r < 5e-13``, below ``2^-30``: frozen at 0. One warning."""
-    monkeypatch.setattr(linalg, "_REPORTED", set())
+    monkeypatch.setattr(reporting, "_REPORTED", set())
     M = 4
     theta2 = -0.5 * torch.eye(M).expand(3, M, M).clone()  # natural parameter of precision I
     target = theta2.clone()
@@ -78,7 +78,7 @@ def _two_output_svgp():
 def test_closed_form_step_freezes_an_output_with_a_non_finite_target(monkeypatch):
     """The closed-form update (``_apply``) with a NaN data term for output 1 and a finite one for output 0: output 1
     keeps its q, output 0 moves to ``(1 - r) theta + r target``."""
-    monkeypatch.setattr(linalg, "_REPORTED", set())
+    monkeypatch.setattr(reporting, "_REPORTED", set())
     gp = _two_output_svgp()
     M = 5
     theta1, theta2 = to_natural(gp.q_u.u_loc.detach().clone(), gp.q_u.u_scale_tril.detach().clone())
@@ -99,7 +99,7 @@ def test_closed_form_step_freezes_an_output_with_a_non_finite_target(monkeypatch
 
 def test_a_finite_step_is_not_damped(monkeypatch):
     """The control: the same multi-output family and finite gradients give no warning and move every output."""
-    monkeypatch.setattr(linalg, "_REPORTED", set())
+    monkeypatch.setattr(reporting, "_REPORTED", set())
     q = _q_with_grads()
     L0 = q.u_scale_tril.detach().clone()
     with warnings.catch_warnings():

@@ -16,7 +16,8 @@ from pyro.infer.autoguide import AutoGuideList, AutoNormal
 from pyro.nn import PyroSample
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.deep import DeepGP, build_deep_gp
+from pyro_sparsegp import DeepGP
+from pyro_sparsegp.deep import build_deep_gp
 from pyro_sparsegp.infer import NaturalGradient, fit
 from pyro_sparsegp.infer.natgrad import gaussian_natgrad_step, natgrad_from_grads_
 

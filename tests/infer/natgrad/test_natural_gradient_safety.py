@@ -13,7 +13,7 @@ from pyro.contrib.gp.kernels import RBF
 from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
 
 import pyro_sparsegp as ps
-from pyro_sparsegp import linalg
+from pyro_sparsegp.context import reporting
 from pyro_sparsegp.deep import build_deep_gp
 from pyro_sparsegp.infer import NaturalGradient, fit
 from pyro_sparsegp.infer.natgrad import NatGradDampingWarning, natgrad_from_grads_
@@ -185,7 +185,7 @@ def test_retraction_never_damps_for_random_huge_gradients(seed):
 def test_plain_step_is_damped_with_a_warning_and_stays_positive_definite(monkeypatch):
     """The plain step on the same adversarial gradient leaves the cone: it is halved until it has a Cholesky factor,
     the damping warning fires (with the positive-definite step as its remedy), and the state stays PD and finite."""
-    monkeypatch.setattr(linalg, "_REPORTED", set())  # the warning is reported once per process
+    monkeypatch.setattr(reporting, "_REPORTED", set())  # the warning is reported once per process
     q, A, _ = _family_with_adversarial_grad(scale=50.0)
     with pytest.warns(NatGradDampingWarning, match="retraction=True"):
         natgrad_from_grads_(q, 1.0)
@@ -198,7 +198,7 @@ def test_plain_step_is_damped_with_a_warning_and_stays_positive_definite(monkeyp
 def test_damping_of_a_non_finite_gradient_terminates_and_keeps_q(monkeypatch):
     """A NaN gradient cannot be damped into the cone: after the halvings that output keeps its q (no endless loop),
     and the warning says the gradient was not finite (the positive-definite step cannot be the remedy)."""
-    monkeypatch.setattr(linalg, "_REPORTED", set())
+    monkeypatch.setattr(reporting, "_REPORTED", set())
     q, _, _ = _family_with_adversarial_grad(scale=1.0)
     q.u_scale_tril_unconstrained.grad[1].fill_(float("nan"))
     L0 = q.u_scale_tril.detach().clone()
@@ -385,7 +385,7 @@ def test_auto_policy_leaves_a_robustmax_q_u_on_inducing_patches_to_adam():
     """Convolutional and TICK models with robust-max: "auto" gives Adam at every minibatch fraction (natural steps
     lost at every size measured, natgrad_options' docstring); the same model with softmax, or a number given
     explicitly, keeps natural steps."""
-    from pyro_sparsegp.conv import init_patches
+    from pyro_sparsegp.inducing import init_patches
 
     g = torch.Generator(torch.get_default_device()).manual_seed(0)
     X = torch.rand(20, 36, generator=g).to(torch.get_default_dtype())  # 6x6 images

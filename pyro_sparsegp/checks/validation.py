@@ -3,7 +3,7 @@
 The modules call these with one line each (:class:`~pyro_sparsegp.SVGP` and :class:`~pyro_sparsegp.SOLVEGP`
 constructors, ``check_inputs`` of their ``model``/``guide``/``predict``), so the rules live in one place:
 
-* data (``X``, ``y``) go through :mod:`pyro_sparsegp.inputs` (tensors, numpy, lists, pandas; cast to the module's
+* data (``X``, ``y``) go through :mod:`pyro_sparsegp.checks.inputs` (tensors, numpy, lists, pandas; cast to the module's
   dtype and device) and must be finite; inducing inputs ``Z`` are converted the same way at construction, and a
   tensor ``Z`` must be in the default dtype (a mismatch gets a ``TypeError`` naming ``.to(dtype)``);
 * inducing inputs are non-empty (``M >= 1``, ``D >= 1``); ``num_outputs`` is ``None`` or a positive integer;
@@ -25,20 +25,18 @@ import numbers
 
 import torch
 
-from . import deferred
-from .inputs import InputPrecisionWarning, as_tensor
-from .kernels import expected_input_dim, required_features
-from .linalg import _RESET_HOOKS, _warn_once
+from ..context import deferred
+from ..context.reporting import _RESET_HOOKS, _warn_once
+from ..kernels import expected_input_dim, required_features
+from .inputs import InputPrecisionWarning, _type_name, as_tensor, precision_lost
 
-__all__ = ["InputPrecisionWarning", "check_tensor", "check_module_args", "check_orthogonal_inputs", "check_data",
+__all__ = ["check_tensor", "check_module_args", "check_orthogonal_inputs", "check_data",
            "check_positive_int"]
 
-# warn when the spacing of floats at the inputs' magnitude exceeds this fraction of their spread
+# warn when the spacing of floats at the inputs' magnitude exceeds this fraction of their spread: fewer than
+# -log10(_RESOLUTION) = 3 significant digits relative to it (checks.inputs.precision_lost)
 _RESOLUTION = 1e-3
-
-
-def _type_name(x) -> str:
-    return f"{type(x).__module__}.{type(x).__name__}" if not isinstance(x, torch.Tensor) else "Tensor"
+_MIN_DIGITS = -math.log10(_RESOLUTION)
 
 
 def check_tensor(x, name: str, dtype: torch.dtype | None = None, floating: bool = True) -> None:
@@ -55,20 +53,6 @@ def check_tensor(x, name: str, dtype: torch.dtype | None = None, floating: bool 
         raise TypeError(
             f"{name} has dtype {x.dtype} but the module's parameters are {dtype}; pass {name}.to({dtype}){hint}"
         )
-
-
-def _resolution_lost(x: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether, in ``dtype``, the spacing of floats at some column's magnitude exceeds ``_RESOLUTION`` times the
-    column's range (a column of constants is ignored)."""
-    if x.numel() == 0 or x.dim() < 2 or x.shape[-2] < 2:
-        return False
-    with torch.no_grad():
-        flat = x.detach().reshape(-1, x.shape[-1])
-        lo, hi = torch.aminmax(flat, dim=0)
-        spread = (hi.double() - lo.double())
-        mag = torch.maximum(lo.abs(), hi.abs()).double()
-        lost = (spread > 0) & (torch.finfo(dtype).eps * mag > _RESOLUTION * spread)
-        return bool(lost.any())
 
 
 def _collapsed(x: torch.Tensor) -> tuple[int, float] | None:
@@ -89,7 +73,7 @@ def _collapsed(x: torch.Tensor) -> tuple[int, float] | None:
 
 
 def _precision_hint(x, dtype) -> str:
-    if _resolution_lost(x, dtype):
+    if x.dim() >= 2 and precision_lost(x, dtype, _MIN_DIGITS):  # [..., N, D] only
         return (
             f" -- but standardise it first (subtract the mean, divide by the standard deviation, in {x.dtype}): "
             f"its offset dwarfs its spread and the cast to {dtype} would round the information away"
@@ -104,13 +88,13 @@ _RESET_HOOKS.append(_LAST_CHECKED.clear)
 def check_precision(x: torch.Tensor, name: str) -> None:
     """Warn (:class:`InputPrecisionWarning`, once per name and dtype) when the offset of ``x`` dwarfs its spread in
     its own dtype. A tensor checked last time (same object, version, shape) is not scanned again."""
-    if deferred.active() is not None:  # fit checked the data once (deferred.py)
+    if deferred.active() is not None:  # fit checked the data once (context/deferred.py)
         return
     key = (id(x), x._version, tuple(x.shape), x.dtype)
     if _LAST_CHECKED.get(name) == key:
         return
     _LAST_CHECKED[name] = key
-    if x.is_floating_point() and _resolution_lost(x, x.dtype):
+    if x.is_floating_point() and x.dim() >= 2 and precision_lost(x, x.dtype, _MIN_DIGITS):
         _warn_once(
             ("precision", name, x.dtype),
             f"{name} ({x.dtype}) has an offset that dwarfs its spread: the spacing of {x.dtype} numbers at its "
@@ -150,9 +134,10 @@ def _param_dtypes(module):
 
 def check_module_args(kernel, Z, likelihood=None, num_outputs=None, jitter=None) -> None:
     """Arguments of the :class:`~pyro_sparsegp.SVGP` constructor (see the module docstring): ``Z`` a floating tensor,
-    ``[M, D]`` or ``[L, M, D]`` with ``M >= 1`` and ``D >= 1``."""
-    from .likelihoods import Likelihood
-
+    ``[M, D]`` or ``[L, M, D]`` with ``M >= 1`` and ``D >= 1``; ``likelihood`` ``None`` or a
+    :class:`~pyro_sparsegp.likelihoods.Likelihood` that defines ``distribution`` (the caller checks it first with
+    :func:`~pyro_sparsegp.likelihoods.base.check_likelihood`: ``checks`` imports no likelihood, since the likelihoods'
+    quadrature comes from ``linalg``, whose Cholesky is checked here)."""
     dtype = torch.get_default_dtype()
     check_tensor(Z, "Z", floating=True)
     if Z.dim() in (2, 3) and (Z.shape[-2] == 0 or Z.shape[-1] == 0):
@@ -160,14 +145,6 @@ def check_module_args(kernel, Z, likelihood=None, num_outputs=None, jitter=None)
     check_positive_int(num_outputs, "num_outputs")
     if jitter is not None and not (isinstance(jitter, numbers.Real) and 0 <= float(jitter) < float("inf")):
         raise ValueError(f"jitter must be None or a finite number >= 0, got {jitter!r}")
-    if likelihood is not None and not isinstance(likelihood, Likelihood):
-        raise TypeError(
-            f"likelihood must be a pyro_sparsegp Likelihood (e.g. ps.Gaussian()) or None, got {_type_name(likelihood)}"
-        )
-    if likelihood is not None and type(likelihood).distribution is Likelihood.distribution:
-        raise TypeError(f"{type(likelihood).__name__} must define distribution(f), the distribution of y given f "
-                        "[..., B] with batch shape [..., B] (docs/extending.md: 'Your own kernel, likelihood or mean "
-                        "function')")
     for what, mod in (("kernel", kernel), ("likelihood", likelihood)):
         for d in _param_dtypes(mod):
             if d != Z.dtype:
@@ -219,7 +196,7 @@ def check_orthogonal_inputs(O, Z) -> None:
 
 def check_data(module, X, y, subsample_size=None, num_data=None, purpose="model"):
     """Data given to ``model``/``guide`` (``purpose="model"``), ``analytic_elbo`` (``"elbo"``: ``y`` required) or
-    ``predict`` (``"predict"``: no rows is fine), converted by :func:`~pyro_sparsegp.inputs.as_tensor` (tensors,
+    ``predict`` (``"predict"``: no rows is fine), converted by :func:`~pyro_sparsegp.checks.inputs.as_tensor` (tensors,
     numpy, lists, pandas; floating data to the module's dtype and device, labels kept integer) and checked: rows,
     minibatch arguments. ``X`` ``[..., N, D]``, ``y`` ``[..., N]`` (or ``[..., N, L]``); returns ``(X, y)``. The layer
     checks the exact shapes against its ``D`` and ``L``."""

@@ -34,7 +34,7 @@ import torch
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 
-from ._check_rules import PARTICLES, plates_of, problems
+from .rules import PARTICLES, plates_of, problems
 
 __all__ = ["ModelShapeError", "check_model", "check_traces", "record_layer", "FirstStepCheck"]
 
@@ -44,9 +44,9 @@ CHECK_PARTICLES = 3
 
 class ModelShapeError(ValueError):
     """A program whose ELBO would count the data wrongly: a site's batch shape, a missing scale or a layer's site
-    outside its plate (:mod:`pyro_sparsegp.checking`), so that ``Trace_ELBO`` would not estimate the bound of Hensman,
-    Matthews, Ghahramani 2015, eq. 21. ``problems`` holds one line per problem, ``sites`` the names of the sites
-    concerned."""
+    outside its plate (:mod:`pyro_sparsegp.checks.program`), so that ``Trace_ELBO`` would not estimate the bound of
+    Hensman, Matthews, Ghahramani 2015, eq. 21. ``problems`` holds one line per problem, ``sites`` the names of the
+    sites concerned."""
 
     def __init__(self, message: str, problems: list | None = None, sites: list | None = None):
         super().__init__(message)
@@ -144,9 +144,10 @@ class FirstStepCheck:
 
 def check_traces(model_trace, guide_trace=None, layers=None, where: str = "") -> None:
     """Raise :class:`ModelShapeError` listing every problem of a model trace (and of the guide trace it replayed) by
-    the rules of :mod:`pyro_sparsegp.checking`; ``layers`` maps each layer's name to its inducing sites (``("u",)``,
-    SOLVE-GP ``("u", "v")``), ``where`` says which run it was. Reads the sites' batch shapes (``[..., L, B]``), no
-    values; the scale rule is the minibatch estimate of Hensman, Fusi, Lawrence 2013, section 3.1."""
+    the rules of :mod:`pyro_sparsegp.checks.program`; ``layers`` maps each layer's name to its inducing sites
+    (``("u",)``, SOLVE-GP ``("u", "v")``), ``where`` says which run it was. Reads the sites' batch shapes
+    (``[..., L, B]``), no values; the scale rule is the minibatch estimate of Hensman, Fusi, Lawrence 2013, section
+    3.1."""
     found = problems(model_trace, guide_trace, layers or {})
     if found:
         sites = list(dict.fromkeys(site for site, _ in found))
@@ -182,7 +183,7 @@ def _check_run(model, guide, args, kwargs, records, particles=0, dim=None) -> in
 
 def check_model(model, guide, *args, elbo=None, **kwargs) -> None:
     """Trace ``guide(*args, **kwargs)``, replay ``model`` on it and raise :class:`ModelShapeError` where the ELBO
-    would count the data wrongly (the rules of :mod:`pyro_sparsegp.checking`): an observed site broadcast against
+    would count the data wrongly (the rules of :mod:`pyro_sparsegp.checks.program`): an observed site broadcast against
     particles or a plate (a batch shape ``[8, 8, B]`` where ``[8, 1, B]`` is due), a minibatch site without the scale
     ``N / B`` of Hensman, Fusi, Lawrence 2013, section 3.1, a layer's ``f`` outside a plate at ``dim=-1`` or its ``u``
     inside one. The error names each site, its shape, the expected shape and the likely fix.

@@ -20,32 +20,35 @@ import math
 import numpy as np
 import torch
 
-from . import deferred
-from .linalg import _warn_once
+from ..context import deferred
+from ..context.reporting import _warn_once
 
-__all__ = ["as_tensor", "as_targets", "digits_kept", "InputPrecisionWarning", "fill_missing", "check_missing"]
+__all__ = ["as_tensor", "as_targets", "digits_kept", "precision_lost", "InputPrecisionWarning", "fill_missing",
+           "check_missing"]
 
 
 class InputPrecisionWarning(UserWarning):
-    """The inputs' offset dwarfs their spread in the working dtype: their information is lost to rounding (also
-    importable from :mod:`pyro_sparsegp.validation`, where it was defined first)."""
+    """The inputs' offset dwarfs their spread in the working dtype: their information is lost to rounding
+    (:func:`precision_lost`); ``ps.checks.InputPrecisionWarning``."""
 
 
 def _type_name(x) -> str:
-    return f"{type(x).__module__}.{type(x).__name__}"
+    """What a wrong argument is, for an error message: ``module.Class`` (``"Tensor"`` for a tensor)."""
+    return f"{type(x).__module__}.{type(x).__name__}" if not isinstance(x, torch.Tensor) else "Tensor"
 
 
 def digits_kept(x: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
     """Significant digits of ``x`` ``[..., N, D]`` relative to each column's spread, ``(before, after)`` a cast to
     ``dtype`` (the worst column): ``log10(spread / (eps * |x|max))`` with the source and the target ``eps``; the
-    ``before`` value is capped at what ``dtype`` can hold at all (``-log10(eps_target)``). Columns of constants do
-    not count; ``(inf, inf)`` when no column varies. Input checking: implements no paper equation."""
+    ``before`` value is capped at what ``dtype`` can hold at all (``-log10(eps_target)``). Columns of constants (or
+    with an infinite value) do not count; ``(inf, inf)`` when no column varies. Input checking: implements no paper
+    equation."""
     if x.numel() == 0 or not x.is_floating_point():
         return math.inf, math.inf
     flat = x.detach().reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.detach().reshape(-1, 1)
     lo, hi = torch.aminmax(flat.double(), dim=0)
     spread, mag = hi - lo, torch.maximum(lo.abs(), hi.abs())
-    keep = spread > 0
+    keep = (spread > 0) & spread.isfinite()  # a column with an infinite value has no spread to compare with
     if not bool(keep.any()):
         return math.inf, math.inf
     ratio = float((mag[keep] / spread[keep]).max())  # the column whose offset dwarfs its spread most
@@ -56,12 +59,24 @@ def digits_kept(x: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
     return before, after
 
 
+def precision_lost(x: torch.Tensor, dtype: torch.dtype, min_digits: float | None = None) -> bool:
+    """Whether ``x`` ``[..., N, D]`` in ``dtype`` keeps too few significant digits relative to the spread of its worst
+    column (:func:`digits_kept`: its offset dwarfs its spread): fewer than ``min_digits`` (a fixed threshold, e.g.
+    ``3``: the spacing of ``dtype``'s numbers at the column's magnitude is more than ``1e-3`` of its range), or, with
+    ``min_digits=None``, fewer than half of those that ``x`` carries in its own dtype (the test of a cast). Columns of
+    constants do not count. The one precision test of the package: :func:`as_tensor`'s cast warning and
+    :func:`pyro_sparsegp.checks.validation.check_precision` both use it. Input checking: implements no paper
+    equation."""
+    before, after = digits_kept(x, dtype)
+    return after < (before / 2 if min_digits is None else min_digits)
+
+
 def _warn_cast(t: torch.Tensor, name: str, dtype: torch.dtype) -> None:
     """Warn once per (name, dtypes) when casting ``t`` to ``dtype`` keeps less than half its significant digits."""
     if torch.finfo(dtype).eps <= torch.finfo(t.dtype).eps:
         return
-    before, after = digits_kept(t, dtype)
-    if after < before / 2:
+    if precision_lost(t, dtype):
+        before, after = digits_kept(t, dtype)
         _warn_once(
             ("cast", name, t.dtype, dtype),
             f"{name} ({t.dtype}) is cast to the module's {dtype}, which keeps {max(after, 0):.1f} of its "
@@ -144,8 +159,8 @@ def fill_missing(y: torch.Tensor):
     observed, as ``(filled, mask)``: ``mask`` is ``True`` where ``y`` is observed, and ``filled`` holds an observed
     value of ``y`` (the lower median of the observed entries, hence in the likelihood's support) in place of each
     ``NaN``, so that a masked term and its gradient stay finite. ``(y, None)`` when nothing is missing (integer
-    labels never are); inside :func:`~pyro_sparsegp.deferred.deferred_checks` (``fit`` on a GPU) the mask is always
-    formed, so that nothing is read back. Same shapes as ``y``. Input handling: the masked terms drop out of the
+    labels never are); inside :func:`~pyro_sparsegp.context.deferred.deferred_checks` (``fit`` on a GPU) the mask is
+    always formed, so that nothing is read back. Same shapes as ``y``. Input handling: the masked terms drop out of the
     bound, implementing no equation of their own."""
     if not y.is_floating_point():
         return y, None

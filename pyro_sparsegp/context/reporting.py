@@ -6,8 +6,8 @@ points at the user's code, not at the library line that noticed. So every warnin
 :func:`warn`, which
 
 * appends ``[layer 'NAME', fit step K]`` from two context variables: the innermost layer whose method is running
-  (set by :func:`~pyro_sparsegp.composition.layer_method` for every layer method, and by ``fit`` for its module as
-  a whole) and ``fit``'s current step (:func:`at_step`);
+  (set by :func:`~pyro_sparsegp.context.composition.layer_method` for every layer method, and by ``fit`` for its module
+  as a whole) and ``fit``'s current step (:func:`at_step`);
 * sets ``stacklevel`` to the first frame outside ``pyro_sparsegp``, ``pyro`` and ``torch``: the user's ``fit(...)``
   or ``svi.step(...)`` call, or the user's own model function that called a layer method.
 
@@ -29,10 +29,12 @@ import torch
 __all__ = ["warn", "in_layer", "at_step", "location", "current_layer", "current_step", "user_stacklevel",
            "family_layer"]
 
+_REPORTED: set = set()  # the causes reported by :func:`_warn_once` (``linalg.reset_warnings`` forgets them)
+_RESET_HOOKS: list = []  # other modules' memories of what they checked or reported (cleared with _REPORTED)
 _LAYER: contextvars.ContextVar = contextvars.ContextVar("pyro_sparsegp_layer", default=None)
 _STEP: contextvars.ContextVar = contextvars.ContextVar("pyro_sparsegp_step", default=None)
 _LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                   for m in (sys.modules[__name__.rpartition(".")[0]], pyro, torch))
+                   for m in (sys.modules[__name__.partition(".")[0]], pyro, torch))
 
 
 @contextlib.contextmanager
@@ -100,3 +102,12 @@ def warn(message: str, category=UserWarning, *, layer: str | None = None) -> Non
     shapes do not apply."""
     where = location(layer)
     warnings.warn(f"{message} [{where}]" if where else message, category, stacklevel=user_stacklevel())
+
+
+def _warn_once(cause, message, category, stacklevel=None, layer=None):
+    """Warn once per ``cause`` through :func:`warn` (the layer and the step appended, the user's line pointed at;
+    ``stacklevel`` is ignored: kept for callers that still pass it); :func:`pyro_sparsegp.linalg.reset_warnings`
+    re-arms every cause. No tensors, so shapes do not apply."""
+    if cause not in _REPORTED:
+        _REPORTED.add(cause)
+        warn(message, category, layer=layer)

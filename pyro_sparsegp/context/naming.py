@@ -32,7 +32,7 @@ _LIVE: dict[str, weakref.ref] = {}  # name -> the live module that holds it
 
 class ParamStoreWarning(UserWarning):
     """A module took over a name (and Pyro's global parameter store entries) of an earlier, still live module
-    (see :mod:`pyro_sparsegp.naming`). A warning: implements no paper equation."""
+    (see :mod:`pyro_sparsegp.context.naming`). A warning: implements no paper equation."""
 
 
 class KeepsOwnName:

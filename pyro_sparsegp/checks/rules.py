@@ -1,11 +1,13 @@
-"""The rules of :mod:`pyro_sparsegp.checking`, read from Pyro traces: each returns the lines of its problems. Sites'
-batch shapes ``[..., L, B]`` are read, never their values; the scale rule is the minibatch estimate of Hensman, Fusi,
-Lawrence 2013, section 3.1."""
+"""The rules of :mod:`pyro_sparsegp.checks.program`, read from Pyro traces: each returns the lines of its problems.
+Sites' batch shapes ``[..., L, B]`` are read, never their values; the scale rule is the minibatch estimate of Hensman,
+Fusi, Lawrence 2013, section 3.1."""
 
 from __future__ import annotations
 
 import torch
 from pyro.poutine.subsample_messenger import _Subsample
+
+__all__ = ["PARTICLES", "plates_of", "problems"]
 
 PARTICLES = "num_particles_vectorized"  # the name Pyro's ELBOs give the plate of vectorised particles
 
@@ -16,7 +18,8 @@ def _frames(site) -> list:
 
 def plates_of(traces) -> dict:
     """Every vectorised plate of the program, ``{name: CondIndepStackFrame}`` (``size`` the minibatch, ``full_size``
-    the data)."""
+    the data). Reads the traces' plates, no tensors, so shapes do not apply; program checking: implements no paper
+    equation."""
     out = {}
     for trace in traces:
         for site in trace.nodes.values():
@@ -27,7 +30,9 @@ def plates_of(traces) -> dict:
 
 
 def problems(model_trace, guide_trace, layers: dict) -> list[tuple[str, str]]:
-    """``(site, line)`` for every problem of the program (model trace and the guide trace it replayed)."""
+    """``(site, line)`` for every problem of the program (model trace and the guide trace it replayed): the sites'
+    batch shapes ``[..., L, B]`` against their plates, and the scale of a minibatch (Hensman, Fusi, Lawrence 2013,
+    section 3.1)."""
     traces = [t for t in (model_trace, guide_trace) if t is not None]
     plates = plates_of(traces)
     nesting = max((-f.dim for f in plates.values()), default=0)
