@@ -73,8 +73,9 @@ def make(model: str, X: torch.Tensor, M: int, seed: int, whiten: bool = True):
 
 def _train(dgp, X, y, steps, seed, args):
     ps.infer.fit(dgp, X, y, num_steps=steps, batch_size=args.batch, lr=args.lr, elbo="analytic",
-                 natgrad=ps.infer.NaturalPolicy(lr=None if args.adam_only else "auto", finish=None if getattr(args,
-                                                                                                              "finish", "auto") == "none" else "auto"), seed=seed, progress=False)
+                 natgrad=ps.infer.NaturalPolicy(lr=None if args.adam_only else "auto",
+                                                finish=None if getattr(args, "finish", "auto") == "none" else "auto"),
+                 seed=seed, progress=False)
 
 
 def _evaluate(dgp, Xt, yt, ystd, args):

@@ -147,10 +147,10 @@ class DeepGP(DeepPrediction, Saveable, PyroModule):
         """The variational families that natural-gradient steps should train by default: the last layer's only
         (Salimbeni et al. 2018 found natural gradients on inner layers unstable), i.e. its ``q(u)`` and, for a
         SOLVE-GP last layer, its full-covariance ``q(v⊥)`` too. A list of modules (``u_loc [..., M]``,
-        ``u_scale_tril [..., M,
-                        M]``). Here natural steps on every layer (``fit(natgrad=NaturalPolicy(layers="all"))``: the hidden
-        layers from half the steps on, their iterates averaged at the end) did not fail on kin8nm, and their test
-        log-likelihood depends on that average (:mod:`~pyro_sparsegp.infer.natgrad.policy`)."""
+        ``u_scale_tril [..., M, M]``). Here natural steps on every layer
+        (``fit(natgrad=NaturalPolicy(layers="all"))``: the hidden layers from half the steps on, their iterates
+        averaged at the end) did not fail on kin8nm, and their test log-likelihood depends on that average
+        (:mod:`~pyro_sparsegp.infer.natgrad.policy`)."""
         return self.last.strategy.natgrad_families()
 
     def check_inputs(self, X, y=None):

@@ -71,8 +71,8 @@ def test_a_damped_natural_step_names_the_layer_and_the_step_in_fit_and_the_layer
     X = torch.randn(60, 2)
     y = (X[:, 0] > 0).long() + (X[:, 1] > 0).long()
     gp = ps.SVGP(RBF(2), X[:8].clone(), ps.RobustMax(3), name="rm")
-    ws = _caught(lambda: ps.infer.fit(gp, X, y, num_steps=15, natgrad=ps.infer.NaturalPolicy(lr=1.0, warmup=0,
-                                                                                             retraction=False, finish=None), progress=False))
+    ws = _caught(lambda: ps.infer.fit(gp, X, y, num_steps=15, natgrad=ps.infer.NaturalPolicy(
+        lr=1.0, warmup=0, retraction=False, finish=None), progress=False))
     damped = [w for w in ws if issubclass(w.category, NatGradDampingWarning)]
     assert damped, "a length-1 plain step on robust-max was never damped: the test cannot see the message"
     assert "[layer 'rm', fit step " in str(damped[0].message) and damped[0].filename == __file__

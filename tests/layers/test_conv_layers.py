@@ -198,10 +198,11 @@ def test_fit_trains_a_deep_conv_gp_on_its_analytic_elbo():
 
 @pytest.mark.parametrize("solve", [False, True], ids=["svgp", "solvegp"])
 def test_fit_takes_natural_steps_on_every_deep_conv_layer(solve):
-    """``fit(..., natgrad=ps.infer.NaturalPolicy(layers="all"))`` on a deep conv GP: the SOLVE-GP layers whose ``q(u)`` and ``q(v⊥)`` both take
-    natural steps are the GP layers that own an orthogonal strategy (the hidden layer's GP over patches and the
-    output layer), never the ConvLayer that exposes its GP's strategy; one small step from the start (full batch,
-    hyperparameters held) moves every ``q``, leaves nothing NaN and raises the closed-form bound on common draws."""
+    """``fit(..., natgrad=ps.infer.NaturalPolicy(layers="all"))`` on a deep conv GP: the SOLVE-GP layers whose ``q(u)``
+    and ``q(v⊥)`` both take natural steps are the GP layers that own an orthogonal strategy (the hidden layer's GP over
+    patches and the output layer), never the ConvLayer that exposes its GP's strategy; one small step from the start
+    (full batch, hyperparameters held) moves every ``q``, leaves nothing NaN and raises the closed-form bound on common
+    draws."""
     from pyro_sparsegp.infer.natgrad import natgrad_pairs
 
     gp = _deep(solve)
@@ -220,8 +221,8 @@ def test_fit_takes_natural_steps_on_every_deep_conv_layer(solve):
     # one small step on the full batch, the hyperparameters held (Adam at lr 1e-12), from the hidden layers on, its
     # gradient from 64 samples through the hidden layers (the default's few would leave the hidden steps' noise)
     gp.num_samples = 64
-    fit(gp, X, y, num_steps=1, batch_size=12, lr=1e-12, natgrad=ps.infer.NaturalPolicy(lr=0.1, warmup=0,
-                                                                                       layers="all", hidden_start=0), progress=False)
+    fit(gp, X, y, num_steps=1, batch_size=12, lr=1e-12, natgrad=ps.infer.NaturalPolicy(
+        lr=0.1, warmup=0, layers="all", hidden_start=0), progress=False)
     for q, b in zip(families, before, strict=True):
         assert torch.isfinite(q.u_loc).all() and not torch.equal(q.u_loc.detach(), b)
     rise = bound() - start  # [24]: the same draws before and after

@@ -408,8 +408,8 @@ def test_fit_a_length_one_natural_step_lands_the_last_layer_on_its_dense_optimum
         Li = torch.linalg.inv(torch.linalg.cholesky(Kuu))  # whitened: v = Luu^{-1} u
         m, S = Li @ Kuu @ Sigma @ Kuf @ y / s2, Li @ Kuu @ Sigma @ Kuu @ Li.mT
     assert not torch.allclose(last.q_u.u_loc, m, atol=1e-2)  # the step has work to do
-    ps.infer.fit(dgp, X, y, num_steps=1, batch_size=len(X), lr=1e-12, natgrad=ps.infer.NaturalPolicy(lr=1.0,
-                                                                                                     finish=None), progress=False)
+    ps.infer.fit(dgp, X, y, num_steps=1, batch_size=len(X), lr=1e-12,
+                 natgrad=ps.infer.NaturalPolicy(lr=1.0, finish=None), progress=False)
     L = last.q_u.u_scale_tril.detach()
     torch.testing.assert_close(last.q_u.u_loc.detach(), m, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(L @ L.mT, S, rtol=1e-5, atol=1e-5)

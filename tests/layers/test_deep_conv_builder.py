@@ -43,7 +43,7 @@ def _reinit(layer_gp, before, Xtr, shape, patch, stride, M, solve, args):
             Luu, Lc, _ = layer_gp.strategy.joint_factors()
             layer_gp.q_v.set(torch.zeros_like(layer_gp.q_v.u_loc), Lc.expand_as(layer_gp.q_v.u_scale_tril))
         else:
-            Luu = cholesky(ps.covariances.Kuu(layer_gp.inducing, layer_gp.kernel))
+            Luu = cholesky(ps.covariances.Kuu(layer_gp.inducing, layer_gp.kernel), symmetrize=True)
         layer_gp.q_u.set(torch.zeros_like(layer_gp.q_u.u_loc), Luu.expand_as(layer_gp.q_u.u_scale_tril))
 
 
@@ -138,7 +138,7 @@ def test_builder_follows_table_5():
     assert [h.gp.Z.shape[-2] for h in three.hidden] == [3, 3] and [h.gp.O.shape[-2] for h in three.hidden] == [3, 3]
     assert three.output.Z.shape[-2] == 4 and three.output.O.shape[-2] == 4
     for gp in (three.hidden[1].gp, three.output):
-        Luu = cholesky(ps.covariances.Kuu(gp.inducing, gp.kernel))
+        Luu = cholesky(ps.covariances.Kuu(gp.inducing, gp.kernel), symmetrize=True)
         torch.testing.assert_close(gp.q_u.u_scale_tril, Luu.expand_as(gp.q_u.u_scale_tril))
         assert (gp.q_u.u_loc == 0).all() and (gp.q_v.u_loc == 0).all()
 

@@ -118,8 +118,8 @@ def test_bad_checkpoint_files_are_refused_naming_the_file(tmp_path):
         _refuses(f"checkpoint .*{name}", checkpoint=ps.infer.Checkpoint(None, resume=str(path)), batch_size=16)
     foreign = tmp_path / "foreign.pt"
     torch.save({"model": torch.zeros(3)}, foreign)
-    _refuses("foreign.pt.* was not written by pyro_sparsegp", checkpoint=ps.infer.Checkpoint(None,
-                                                                                             resume=str(foreign)), batch_size=16)
+    _refuses("foreign.pt.* was not written by pyro_sparsegp", checkpoint=ps.infer.Checkpoint(None, resume=str(foreign)),
+             batch_size=16)
     pickled = tmp_path / "pickled.pt"
     torch.save({"obj": _gp()}, pickled)  # arbitrary objects: never unpickled
     _refuses("pickled.pt.* not a readable torch file", checkpoint=ps.infer.Checkpoint(None, resume=str(pickled)),
@@ -131,16 +131,15 @@ def test_bad_checkpoint_files_are_refused_naming_the_file(tmp_path):
 
 def test_resuming_with_another_batch_size_or_seed_is_refused(tmp_path):
     good = _checkpoint(tmp_path)
-    _refuses("good.pt.* batch_size=16; this run has batch_size=32", checkpoint=ps.infer.Checkpoint(None,
-                                                                                                   resume=str(good)), batch_size=32, num_steps=10)
+    _refuses("good.pt.* batch_size=16; this run has batch_size=32",
+             checkpoint=ps.infer.Checkpoint(None, resume=str(good)), batch_size=32, num_steps=10)
     _refuses("good.pt.* seed=0; this run has seed=1", checkpoint=ps.infer.Checkpoint(None, resume=str(good)),
              batch_size=16, seed=1, num_steps=10)
     _refuses("good.pt.* is at step 4, beyond num_steps=3", checkpoint=ps.infer.Checkpoint(None, resume=str(good)),
              batch_size=16, num_steps=3)
     # written with natural gradients on q(u) ("auto"); Adam alone would train q(u) too: refused before any load
-    _refuses("good.pt.* Adam trained other parameters.*natgrad kind", checkpoint=ps.infer.Checkpoint(None,
-                                                                                                     resume=str(good)), batch_size=16,
-             num_steps=10, natgrad=None)
+    _refuses("good.pt.* Adam trained other parameters.*natgrad kind",
+             checkpoint=ps.infer.Checkpoint(None, resume=str(good)), batch_size=16, num_steps=10, natgrad=None)
 
 
 def test_a_resumed_run_takes_this_calls_learning_rate(tmp_path):

@@ -29,8 +29,8 @@ One module per concept: :mod:`.closed_forms` (the steps from the likelihood's cl
 steps from the ELBO's gradient, and the noise's), :mod:`.joint` (SOLVE-GP's joint step and its probes),
 :mod:`.families` (which families and noise the steps train), :mod:`.damping` (the damping rule and its warning);
 and around them :mod:`.optimizer` (:class:`NaturalGradient`, the Pyro optimiser that takes these steps in any ``SVI``
-program), :mod:`.natural_policy` (:class:`NaturalPolicy`,
-                                  the policy ``fit`` and ``NaturalGradient`` share), :mod:`.policy` (``fit``'s ``"auto"`` natural-gradient policy), :mod:`.schedules` (step-length schedules) and
+program), :mod:`.natural_policy` (:class:`NaturalPolicy`, the policy ``fit`` and ``NaturalGradient`` share),
+:mod:`.policy` (``fit``'s ``"auto"`` natural-gradient policy), :mod:`.schedules` (step-length schedules) and
 :mod:`.averaging` (the iterate average of the natural parameters).
 """
 

@@ -78,9 +78,9 @@ def _damp(factor, D, info, rho, lr, retraction):
             advice = ("even the positive-definite step (retraction) had no Cholesky factor, so the gradient of q was "
                       "not finite or overflowed; lower NaturalPolicy.lr and lr, or check the data")
         else:
-            advice = ("if this recurs use a smaller NaturalPolicy.lr, the positive-definite step (NaturalPolicy(retraction="
-                      "True); NaturalGradient's \"auto\"), or more particles (num_particles=8, "
-                      "vectorize_particles=True) when u is sampled")
+            advice = ("if this recurs use a smaller NaturalPolicy.lr, the positive-definite step "
+                      "(NaturalPolicy(retraction=True); NaturalGradient's \"auto\"), or more particles "
+                      "(num_particles=8, vectorize_particles=True) when u is sampled")
         _warn_once(
             ("natgrad-damped", bool(retraction)),
             f"natural-gradient step of length {lr:g} would have made the precision of q indefinite (a "

@@ -327,13 +327,15 @@ def resolve_finish(module, finish, elbo, natgrad_lr, loader, average, num_steps,
         if (reason := why_not_exact_finish(module)) is not None:
             raise ValueError(f'NaturalPolicy(finish="exact") cannot finish this module: {reason}')
         if average is not None:
-            raise ValueError('NaturalPolicy.average and finish="exact" both set q(u) and the noise at the end: choose one')
+            raise ValueError('NaturalPolicy.average and finish="exact" both set q(u) and the noise at the end: '
+                             "choose one")
         return True, None
     chosen_otherwise = finish is None or num_steps == 0 or elbo != "analytic" or average is not None
     if chosen_otherwise or not supports_exact_finish(module):
         return False, None
     if loader is not None:
-        return False, 'the data come from a loader, which may be endless (NaturalPolicy(finish="exact") makes one pass of it)'
+        return False, ('the data come from a loader, which may be endless (NaturalPolicy(finish="exact") makes one '
+                       "pass of it)")
     if natgrad_lr is None:
         return False, 'q(u) was trained by Adam (natgrad=None); NaturalPolicy(finish="exact") adds the finish'
     if epochs < 1:

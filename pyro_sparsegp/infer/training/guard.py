@@ -47,7 +47,8 @@ class NonFiniteLossError(FloatingPointError):
             f"parameters restored to those of step {restored_step}")
         why = reason or (f"non-finite loss ({loss})" if not math.isfinite(loss) else
                          f"non-finite gradient (loss {loss})")
-        super().__init__(f"{why} at step {step}; {where}; lower the learning rate (lr / NaturalPolicy.lr) or check the data")
+        super().__init__(f"{why} at step {step}; {where}; lower the learning rate (lr / NaturalPolicy.lr) or check "
+                         "the data")
         self.step, self.loss, self.restored_step, self.state = step, loss, restored_step, state
 
 

@@ -217,13 +217,14 @@ def resolve_any_finish(module, finish, elbo, natgrad_lr, loader, average, num_st
     if reason is not None or num_steps == 0 or average is not None:
         return None, None, 0
     if loader is not None:
-        return None, ('no natural finish: the data come from a loader, which may be endless (NaturalPolicy(finish="natural") makes '
-                      'passes of it)'), 0
+        return None, ("no natural finish: the data come from a loader, which may be endless "
+                      '(NaturalPolicy(finish="natural") makes passes of it)'), 0
     if natgrad_lr is None:
-        return None, 'no natural finish: q(u) was trained by Adam (natgrad=None); NaturalPolicy(finish="natural") adds it', 0
+        return None, ("no natural finish: q(u) was trained by Adam (natgrad=None); "
+                      'NaturalPolicy(finish="natural") adds it'), 0
     passes = min(DEFAULT_PASSES, int(epochs // EPOCHS_PER_PASS))
     if passes < 1:
         return None, (f"no natural finish: the run saw {epochs:.2g} epochs, fewer than the {EPOCHS_PER_PASS} per "
-                      'full-data pass that keep the finish within a quarter of the training (NaturalPolicy(finish="natural") forces '
-                      "it)"), 0
+                      "full-data pass that keep the finish within a quarter of the training "
+                      '(NaturalPolicy(finish="natural") forces it)'), 0
     return "natural", None, passes

@@ -103,8 +103,8 @@ class TrainingStep:
         self.plan = plan if plan is not None else resolve_natgrad(module, natgrad_lr, elbo, elbo)[1]
         families = self.plan.families() if natgrad_lr else []
         if natgrad_lr and not families:
-            raise ValueError("natural steps (NaturalPolicy.lr) need a module with a full-covariance Gaussian variational "
-                             "family (q_u): pass natgrad=None for Adam")
+            raise ValueError("natural steps (NaturalPolicy.lr) need a module with a full-covariance Gaussian "
+                             "variational family (q_u): pass natgrad=None for Adam")
         self.module, self.elbo, self.num_data, self.natgrad_lr, self.world_size = (
             module, elbo, num_data, natgrad_lr, world_size)
         self.noise_lik = noise_natgrad_likelihood(module) if families else None

@@ -224,8 +224,9 @@ def test_an_average_of_the_hidden_layers_goes_with_the_exact_finish_of_the_last(
             trainers.append(self)
 
     monkeypatch.setattr(fit_module, "TrainingStep", Recorded)
-    fit(dgp, X, y, num_steps=8, batch_size=40, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=0,
-                                                                              average=0.5, finish="exact"), callback=lambda step, loss: seen.append(IterateAverage.natural(hidden)) if step > 4 else None)
+    fit(dgp, X, y, num_steps=8, batch_size=40, natgrad=ps.infer.NaturalPolicy(layers="all", hidden_start=0, average=0.5,
+                                                                              finish="exact"),
+        callback=lambda step, loss: seen.append(IterateAverage.natural(hidden)) if step > 4 else None)
     assert "exact finish of the last layer's q(u)" in capsys.readouterr().err
     averager = trainers[0].plan.averager
     assert averager.families == [hidden] and averager.noises == [] and averager.count == 4

@@ -89,15 +89,15 @@ def test_fit_first_step_lands_on_the_optimal_q_of_its_batch():
         assert torch.allclose(gp.q_u.u_loc.reshape(-1), m, atol=tol), (gp.q_u.u_loc, m)
         assert torch.allclose(Sq.reshape(6, 6), S, atol=tol)
     gp2 = ps.SVGP(RBF(1, lengthscale=torch.tensor(0.7)), X[:6].clone(), ps.Gaussian(0.2))
-    fit(gp2, X, y, num_steps=1, batch_size=len(X), progress=False, natgrad=ps.infer.NaturalPolicy(warmup=0,
-                                                                                                  finish=None))  # constant: 10% of the way
+    fit(gp2, X, y, num_steps=1, batch_size=len(X), progress=False,
+        natgrad=ps.infer.NaturalPolicy(warmup=0, finish=None))  # constant: 10% of the way
     with torch.no_grad():
         assert (gp2.q_u.u_loc.reshape(-1) - m).norm() > 0.1 * m.norm()  # (0.46 of 1.64 here)
 
 
 def test_natural_gradient_optimiser_follows_the_warmup():
-    """``NaturalGradient`` with a warm-up schedule: the k-th call steps with the schedule's k-th length (a conjugate full-batch
-    step of length rho moves the natural parameters exactly a fraction rho of the way to the optimum)."""
+    """``NaturalGradient`` with a warm-up schedule: the k-th call steps with the schedule's k-th length (a conjugate
+    full-batch step of length rho moves the natural parameters exactly a fraction rho of the way to the optimum)."""
     g = torch.Generator(torch.get_default_device()).manual_seed(0)
     X = torch.rand(30, 1, generator=g).to(torch.get_default_dtype()) * 4 - 2
     y = torch.sin(2 * X[:, 0])
@@ -222,9 +222,9 @@ def _svgp(X, M=8, noise=0.2):
 
 
 def test_fit_average_writes_the_polyak_average_of_natural_parameters_and_noise():
-    """``fit(natgrad=ps.infer.NaturalPolicy(average=a))``: the final q(u) is the average of the natural parameters ``(Lambda m, Lambda)`` of the
-    iterates after each of the last ``ceil(a * num_steps)`` steps, and the noise the average of their variances
-    (computed here independently from the iterates the callback sees)."""
+    """``fit(natgrad=ps.infer.NaturalPolicy(average=a))``: the final q(u) is the average of the natural parameters
+    ``(Lambda m, Lambda)`` of the iterates after each of the last ``ceil(a * num_steps)`` steps, and the noise the
+    average of their variances (computed here independently from the iterates the callback sees)."""
     X, y = _regression()
     gp = _svgp(X)
     steps, frac = 30, 0.3
@@ -253,11 +253,11 @@ def test_fit_average_writes_the_polyak_average_of_natural_parameters_and_noise()
 
 
 def test_natural_gradient_optimiser_average_matches_an_independent_average():
-    """``NaturalGradient(NaturalPolicy(average=...), num_obs=N, num_steps=...)`` + ``write_average()``: the families (two layers' ``q(u)``) end
-    at the average of their natural parameters and the noises (stepped by Fisher scoring, since ``num_obs`` is given)
-    at the average of their variances over the iterates after steps ``k, k+1, ...``, computed here from the iterates
-    recorded after each step; the last iterates differ from those averages by far more than the tolerance, so an
-    optimiser that left either unaveraged would fail."""
+    """``NaturalGradient(NaturalPolicy(average=...), num_obs=N, num_steps=...)`` + ``write_average()``: the families
+    (two layers' ``q(u)``) end at the average of their natural parameters and the noises (stepped by Fisher scoring,
+    since ``num_obs`` is given) at the average of their variances over the iterates after steps ``k, k+1, ...``,
+    computed here from the iterates recorded after each step; the last iterates differ from those averages by far more
+    than the tolerance, so an optimiser that left either unaveraged would fail."""
     X, y = _regression(N=60)
     gps = [_svgp(X), _svgp(X, noise=0.3)]
     opt = NaturalGradient(pyro.optim.Adam({"lr": 0.01}), ps.infer.NaturalPolicy(lr=0.3, average=5 / 8, cooldown=0),
