@@ -97,6 +97,9 @@ CMPOP = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE
 SWAP = {"min": "max", "max": "min", "amin": "amax", "amax": "amin", "sum": "mean", "mean": "sum", "tril": "triu",
         "triu": "tril"}
 DROP_ATTR = {"mT", "T"}
+# pyproject's addopts run the suite under pytest-xdist (-n auto); the coverage run, the session server and the mutant
+# runs must stay in this process (coverage contexts, forked children), so each session turns the workers off
+IN_PROCESS = ("-n", "0")
 BASELINE_TESTS = 40  # the fastest covering tests, run unmutated through the session server first: the harness check
 FORMAT = "coverage map 2"  # bump when the coverage file's layout changes
 NO_MUTATE_FUNCS = {"__repr__", "__str__", "extra_repr"}
@@ -427,8 +430,8 @@ def _coverage_child(tree: Path, pool: list[str], modules: list[str], out: Path) 
     import pytest
 
     plugin = _ContextPlugin(cov)
-    rc = pytest.main([*pool, "-q", "-p", "no:cacheprovider", "--no-header", "-W", "ignore::coverage.exceptions."
-                      "CoverageWarning"], plugins=[plugin])
+    rc = pytest.main([*pool, "-q", *IN_PROCESS, "-p", "no:cacheprovider", "--no-header",
+                      "-W", "ignore::coverage.exceptions.CoverageWarning"], plugins=[plugin])
     cov.stop()
     data = cov.get_data()
     lines = {}
@@ -612,8 +615,8 @@ def _session_worker(tree: Path, work: Path, pool: list[str], jobs_file: Path, ou
     jobs, results = json.loads(jobs_file.read_text()), {}
     os.chdir(tree)
     sys.path.insert(0, str(tree))
-    pytest.main([*pool, "-q", "-p", "no:cacheprovider", "--no-header"], plugins=[_SessionServer(jobs, tree, work,
-                                                                                               results)])
+    pytest.main([*pool, "-q", *IN_PROCESS, "-p", "no:cacheprovider", "--no-header"],
+                plugins=[_SessionServer(jobs, tree, work, results)])
     if not sys.modules["pyro_sparsegp"].__file__.startswith(str(tree)):
         sys.exit(f"the session imported {sys.modules['pyro_sparsegp'].__file__}, not the copy under {tree}")
     out.write_text(json.dumps(results))
@@ -651,7 +654,7 @@ def _fresh_child(tree: Path, tests: list[str]) -> int:
     sys.path.insert(0, str(tree))
     import pytest
 
-    rc = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "--no-header", *tests])
+    rc = pytest.main(["-x", "-q", *IN_PROCESS, "-p", "no:cacheprovider", "--no-header", *tests])
     imported = getattr(sys.modules.get("pyro_sparsegp"), "__file__", None) or str(tree)
     return 98 if not imported.startswith(str(tree)) else int(rc)
 
