@@ -206,7 +206,7 @@ def _dgp_args(**kw):
     return argparse.Namespace(**(base | kw))
 
 
-def test_natgrad_dgp_rows_run_the_chosen_methods(capsys):
+def test_natgrad_dgp_rows_run_the_chosen_methods(capsys, monkeypatch):
     """benchmarks/natgrad_nonconjugate.py --part dgp --dgp-methods: a few steps of DGP 2 on kin8nm with natural steps
     on every layer (the hidden layers from half, 80% or all of the steps), with and without the hidden layers' average
     (also beside the default), and
@@ -216,6 +216,12 @@ def test_natgrad_dgp_rows_run_the_chosen_methods(capsys):
 
     nn = _bench("natgrad_nonconjugate")
     pyro.settings.set(module_local_params=True)
+    # the first 200 of kin8nm's 819 test rows (the training rows, and so every trajectory, unchanged): the metrics
+    # (100-, 300- and 100-sample predictions per test row) were most of each run's cost. Measured: test_ll_many -
+    # test_ll -0.0017 (0.0006 on all 819 rows), far inside 0.05; a many-sample path that dropped the targets' scale
+    # (``- log(sy)``, 1.35 nats here) or averaged another mixture would still fail it
+    load = nn._kin8nm
+    monkeypatch.setattr(nn, "_kin8nm", lambda: (lambda X, y, Xt, yt, sy: (X, y, Xt[:200], yt[:200], sy))(*load()))
     args = _dgp_args(eval_samples=300, progress_every=3)
     methods = ("nat_all", "nat_all_last", "nat_all_start", "nat_all_80", "default_avg", "nat_late")
     rows = nn.kin8nm_rows(args, [("dgp2", 0, m) for m in methods], 6)

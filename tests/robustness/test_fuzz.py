@@ -107,6 +107,17 @@ LIKELIHOODS = {
 }
 
 
+_NAMES = itertools.count()
+
+
+def _fresh_name(base: str) -> str:
+    """A name no live module holds, for the cases that do not fuzz the constructor's default name: the default
+    (``"gp"``, held by the previous example's module until the garbage collector frees it) makes every construction
+    run a full ``gc.collect()`` (``context.naming.unique_name``), about 0.1 s of an example in a test process's heap,
+    which is most of what these small examples cost. ``test_fuzz_svgp_constructor`` keeps the default name."""
+    return f"{base}{next(_NAMES)}"
+
+
 def build_svgp(z, num_outputs, jitter, whiten, lik):
     return ps.SVGP(RBF(2), Z_MENU[z](), LIKELIHOODS[lik](), num_outputs=num_outputs, jitter=jitter, whiten=whiten)
 
@@ -156,7 +167,7 @@ ENTRY = ["trace_elbo", "analytic", "predict"]
 
 def data_case(lik, x, y, subsample, entry):
     torch.manual_seed(0)
-    gp = ps.SVGP(RBF(2), torch.randn(4, 2), LIKELIHOODS[lik]())
+    gp = ps.SVGP(RBF(2), torch.randn(4, 2), LIKELIHOODS[lik](), name=_fresh_name("data"))
     X = X_MENU[x]()
     n = len(X) if hasattr(X, "__len__") else 0
     Y = Y_MENU[y](n)
@@ -190,7 +201,7 @@ def natgrad_case(lik, lr):
         likelihood = {"gaussian": ps.Gaussian(0.1), "bernoulli": ps.Bernoulli(), "logit": ps.Bernoulli("logit"),
                       "polya_gamma": ps.PolyaGammaLogit()}[lik]
         y = (X[:, 0] > 0).to(X.dtype)
-    gp = ps.SVGP(RBF(2), X[:6].clone(), likelihood, num_outputs=L)
+    gp = ps.SVGP(RBF(2), X[:6].clone(), likelihood, num_outputs=L, name=_fresh_name("natgrad"))
     step = ps.infer.natgrad.natgrad_step_for(likelihood)
 
     def check(_):
@@ -286,7 +297,7 @@ def kernel_case(log10_ls, offset, dtype, kernel):
 def solvegp_case(o):
     menu = dict(Z_MENU)
     return run(
-        lambda: ps.SOLVEGP(RBF(2), torch.randn(5, 2), menu[o](), ps.Gaussian(0.1)),
+        lambda: ps.SOLVEGP(RBF(2), torch.randn(5, 2), menu[o](), ps.Gaussian(0.1), name=_fresh_name("solvegp")),
         lambda gp: _finite(*gp.predict(torch.randn(6, 2))),
         valid=o in ("good", "numpy", "list", "equal"),
     )
