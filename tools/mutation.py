@@ -481,8 +481,8 @@ def _env() -> dict:
 
 def _fork(child, log: Path, timeout: float) -> str:
     """Run ``child()`` (returns an exit code) in a forked process with its output in ``log``: "killed" (a test
-    failed or errored, or a crash), "survived" (exit 0, or 5: no test ran), "timeout", or "unresolved" (exit 97: the
-    session server could not place the mutant)."""
+    failed or errored, a test module no longer imports, or a crash), "survived" (exit 0, or 5: no test ran),
+    "timeout", or "unresolved" (exit 97: the session server could not place the mutant)."""
     pid = os.fork()
     if pid == 0:
         code = 99
@@ -514,6 +514,8 @@ def _fork(child, log: Path, timeout: float) -> str:
         return "survived"
     if code == 97:
         return "unresolved"
+    if code == 4 and "ERROR collecting" in log.read_text(errors="replace"):
+        return "killed"  # the mutant broke a test module's import (pytest: "found no collectors" for its node ids)
     if code in (4, 98, 99):
         sys.exit(f"the harness failed (exit {code}); see {log}")
     return "killed"

@@ -5,6 +5,7 @@ the real records under ``tools/records/`` are only read."""
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -171,3 +172,22 @@ def test_the_records_and_the_equivalent_list_are_where_the_tool_looks(tool):
         assert module.startswith("pyro_sparsegp/") and (TOOL.parents[1] / module).is_file()
         for e in entries:
             assert {"location", "code", "mutation", "why"} <= set(e), (module, e)
+
+
+def test_a_mutant_is_judged_by_its_childs_exit(tool, tmp_path):
+    """A forked mutant run: exit 1 (a test failed) kills, 0 and 5 (no test ran) survive, and exit 4 kills when a test
+    module no longer imports (pytest then finds no collectors for the node ids it was given), while any other exit 4
+    is the harness's own failure, which stops the run."""
+    log = tmp_path / "mutant.log"
+
+    def child(code, text=""):
+        def run():
+            os.write(1, text.encode())  # the log is the child's file descriptor 1
+            return code
+        return run
+
+    assert tool._fork(child(1), log, 30) == "killed"
+    assert tool._fork(child(0), log, 30) == tool._fork(child(5), log, 30) == "survived"
+    assert tool._fork(child(4, "ERROR collecting tests/x/test_y.py"), log, 30) == "killed"
+    with pytest.raises(SystemExit, match="harness failed"):
+        tool._fork(child(4, "usage error"), log, 30)
