@@ -4,7 +4,10 @@ package docstring (:mod:`pyro_sparsegp.deploy`)."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+from pyro.nn import PyroModule
 
 from ..layers import DeepGP
 from ..layers.conv import ConvLayer, DeepConvGP
@@ -63,14 +66,26 @@ def predictor(model, what=("mean", "var"), *, num_samples: int = 100, seed: int 
                              "its y moments have no closed form here; export what=('mean', 'var') of f instead")
         moments = y_moments(lik, core.last.m.dtype if deep else core.m.dtype)
     module = Predictor(core, what, moments, deep=deep, single=single).eval()
-    return module.to(dtype) if dtype is not None else module
+    for sub in module.modules():  # each buffer contiguous in storage of its own (torch.export.save packs storages)
+        for name, buffer in list(sub.named_buffers(recurse=False)):
+            setattr(sub, name, buffer.detach().to(dtype=dtype if buffer.is_floating_point() and dtype else None,
+                                                  memory_format=torch.contiguous_format, copy=True))
+    return module
+
+
+def _module(model, what, num_samples, seed, dtype) -> torch.nn.Module:
+    """``model``'s :func:`predictor`, or ``model`` itself when it is already a plain module (not a Pyro module: a
+    :func:`predictor`, or several of them in one module of your own whose ``forward(X)`` returns a tuple)."""
+    if isinstance(model, torch.nn.Module) and not isinstance(model, PyroModule):
+        return model.eval() if dtype is None else model.eval().to(dtype)
+    return predictor(model, what, num_samples=num_samples, seed=seed, dtype=dtype)
 
 
 def _example(example_X, module) -> torch.Tensor:
     X = torch.as_tensor(example_X)
     if X.dim() != 2:
         raise ValueError(f"export: example_X must be [N, D] (a batch of inputs), got shape {tuple(X.shape)}")
-    dtype = next(module.buffers()).dtype
+    dtype = next((b.dtype for b in module.buffers() if b.is_floating_point()), X.dtype)
     return X.to(dtype)
 
 
@@ -78,27 +93,36 @@ def export(model, example_X, what=("mean", "var"), dynamic_batch: bool = True, *
            seed: int = 0, dtype: torch.dtype | None = None) -> torch.export.ExportedProgram:
     """A :class:`torch.export.ExportedProgram` of ``model``'s predictions: ``ep.module()(X)`` with ``X`` ``[N, D]``
     returns the tuple of ``what`` (``"mean"``, ``"var"`` of ``q(f*)``; ``"y_mean"``, ``"y_var"`` of ``y*``), each
-    ``[N]`` or ``[N, L]``, equal to ``model.predict`` (a ``DeepGP``: the moments of its predictive mixture with
+    ``[N]`` or ``[N, L]``, equal to ``model.predict`` (``model`` may also be a plain module of :func:`predictor` s;
+    a ``DeepGP``: the moments of its predictive mixture with
     ``num_samples`` fixed draws, see :class:`~pyro_sparsegp.deploy.modules.DeepPredictor`). ``example_X`` ``[N, D]``
     fixes ``D`` and the dtype (``dtype``, default the model's); with ``dynamic_batch`` the batch size ``N`` is a
     symbolic dimension, any size at run time. Save it with ``torch.export.save(ep, path)``; ``torch.export.load``
     reads it back in a process that imports torch only."""
-    module = predictor(model, what, num_samples=num_samples, seed=seed, dtype=dtype)
+    module = _module(model, what, num_samples, seed, dtype)
     X = _example(example_X, module)
     shapes = {"X": {0: torch.export.Dim("batch")}} if dynamic_batch else None
     return torch.export.export(module, (X,), dynamic_shapes=shapes)
 
 
 def export_onnx(model, example_X, path=None, what=("mean", "var"), *, num_samples: int = 100, seed: int = 0,
-                dtype: torch.dtype | None = None, opset_version: int | None = None):
+                dtype: torch.dtype | None = None, opset_version: int | None = None, optimize: bool = True):
     """``model``'s predictions as an ONNX model through ``torch.onnx.export(..., dynamo=True)`` (needs ``onnx`` and
-    ``onnxscript``; imported here only), with a dynamic batch dimension: inputs ``X`` ``[N, D]``, outputs the names in
-    ``what``. Written to ``path`` if given; returns the ``torch.onnx.ONNXProgram``. Arguments as :func:`export`."""
-    module = predictor(model, what, num_samples=num_samples, seed=seed, dtype=dtype)
+    ``onnxscript``, imported by torch here only), with a dynamic batch dimension: input ``"X"`` ``[N, D]``, outputs
+    named as in ``what`` (a plain module of your own: ``"out0"``, ``"out1"``, ...). Written to ``path`` if given;
+    returns the ``torch.onnx.ONNXProgram``. Arguments as :func:`export`; ``model`` may also be a plain module built
+    from :func:`predictor` s (several models in one graph). ONNX Runtime runs float64 programs on the CPU as they
+    are (``dtype=torch.float32`` for accelerators or smaller files)."""
+    module = _module(model, what, num_samples, seed, dtype)
     X = _example(example_X, module)
+    names = list(getattr(module, "what", None) or [f"out{i}" for i in range(len(module(X)))])
     kwargs = {} if opset_version is None else {"opset_version": opset_version}
-    program = torch.onnx.export(module, (X,), dynamo=True, dynamic_shapes={"X": {0: torch.export.Dim("batch")}},
-                                input_names=["X"], output_names=list(module.what), verbose=False, **kwargs)
+    with warnings.catch_warnings():  # torch's exporter uses its own deprecated pytree API (torch 2.13)
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                                category=FutureWarning)
+        program = torch.onnx.export(module, (X,), dynamo=True, dynamic_shapes={"X": {0: torch.export.Dim("batch")}},
+                                    input_names=["X"], output_names=names, verbose=False, optimize=optimize,
+                                    **kwargs)
     if path is not None:
         program.save(str(path))
     return program

@@ -57,7 +57,7 @@ class _Stationary(torch.nn.Module):
         self.register_buffer("dims", torch.tensor(dims if dims is not None else [], dtype=torch.long))
         self.register_buffer("variance", _value(kernel, "variance"))
         self.register_buffer("lengthscale", _value(kernel, "lengthscale"))
-        self.register_buffer("centre", centre[dims] if self.select else centre[: kernel.input_dim])
+        self.register_buffer("centre", (centre[dims] if self.select else centre[: kernel.input_dim]).clone())
         self.register_buffer("alpha", _value(kernel, "scale_mixture") if self.kind == "rq" else torch.ones(()))
         self.width = kernel.input_dim
 

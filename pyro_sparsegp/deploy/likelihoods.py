@@ -39,8 +39,8 @@ class _Moments(torch.nn.Module):
         self.kind = kind
         self.register_buffer("c", torch.zeros(()) if c is None else c.detach().clone())
         x, w = nodes if nodes is not None else (torch.zeros(1), torch.ones(1))
-        self.register_buffer("x", x)
-        self.register_buffer("w", w)
+        self.register_buffer("x", x.clone())  # own storage each: torch.export.save packs buffers by storage
+        self.register_buffer("w", w.clone())
 
     def forward(self, mu, v):
         if self.kind in ("gaussian", "studentt"):
@@ -63,7 +63,7 @@ class _Moments(torch.nn.Module):
 def y_moments(likelihood, dtype) -> torch.nn.Module:
     """The :class:`_Moments` module of ``likelihood`` in ``dtype``; ``ValueError`` naming the supported families."""
     if isinstance(likelihood, Gaussian):
-        return _Moments("gaussian", likelihood.noise.to(dtype))
+        return _Moments("gaussian", likelihood.noise.detach().to(dtype))
     if isinstance(likelihood, Bernoulli):
         if likelihood.link == "probit":
             return _Moments("probit")
@@ -72,11 +72,11 @@ def y_moments(likelihood, dtype) -> torch.nn.Module:
     if isinstance(likelihood, Poisson):
         return _Moments("poisson")
     if isinstance(likelihood, NegativeBinomial):
-        return _Moments(likelihood.variance.lower(), likelihood.dispersion.to(dtype))
+        return _Moments(likelihood.variance.lower(), likelihood.dispersion.detach().to(dtype))
     if isinstance(likelihood, StudentT):
-        df = float(likelihood.df)
+        df = float(likelihood.df.detach())
         if df > 2:
-            return _Moments("studentt", (likelihood.scale.square() * df / (df - 2)).to(dtype))
+            return _Moments("studentt", (likelihood.scale.detach().square() * df / (df - 2)).to(dtype))
         raise ValueError(f"export: a StudentT with df = {df:.3g} <= 2 has no predictive variance; export "
                          "what=('mean', 'var') of f instead")
     name = "None (a hidden layer)" if likelihood is None else type(likelihood).__name__
