@@ -237,16 +237,14 @@ class Strategy:
 
     @in_layer
     def predictive_terms(self):
-        r"""The constants of the marginals of ``q(f*)`` at any input, for a program that predicts without the
-        library (:mod:`pyro_sparsegp.deploy`): ``(inducing, Lj, m, C)`` with the inducing variables (a list of
-        modules whose ``Z`` ``[(L,) M_i, D]`` are stacked along ``M``), the lower factor ``Lj`` ``[(L,) M, M]`` of
-        their prior covariance (with this strategy's jitter), and ``q`` in the whitened coordinates ``Lj^{-1} u``:
-        mean ``m`` ``[(L,) M]`` and scale ``C`` ``[(L,) M, M]``. Then, with ``w = Lj^{-1} k(Z, x)``, the marginal is
-        ``N(w^T m, k(x, x) - |w|^2 + |C^T w|^2)`` (Hensman, Matthews, Ghahramani 2015, eq. 19, whitened)."""
-        Kuu, Luu = self.kuu_chol(consume=False)
+        r"""The constants of ``q(f*)`` for a program without the library (:mod:`pyro_sparsegp.deploy`):
+        ``(inducing, Lj, m, C)``: the inducing variables (a list; their ``Z`` ``[(L,) M_i, D]`` stacked along ``M``),
+        the lower factor ``Lj`` ``[(L,) M, M]`` of their prior covariance (this strategy's jitter), ``q`` in the
+        whitened ``Lj^{-1} u``: ``m`` ``[(L,) M]``, scale ``C`` ``[(L,) M, M]``. With ``w = Lj^{-1} k(Z, x)`` the
+        marginal is ``N(w^T m, k(x, x) - |w|^2 + |C^T w|^2)`` (Hensman, Matthews, Ghahramani 2015, eq. 19)."""
+        _, Luu = self.kuu_chol(consume=False)
         self.clear()
-        q = self.layer.q_u
-        m, C = cond.whitened_q(q.u_loc, q.u_scale_tril, None if self.whiten else Luu)
+        m, C = cond.whitened_q(self.layer.q_u.u_loc, self.layer.q_u.u_scale_tril, None if self.whiten else Luu)
         return [self.layer.inducing], Luu, m, C
 
     def full_terms(self, X: torch.Tensor):
