@@ -61,7 +61,8 @@ class _Moments(torch.nn.Module):
 
 
 def y_moments(likelihood, dtype) -> torch.nn.Module:
-    """The :class:`_Moments` module of ``likelihood`` in ``dtype``; ``ValueError`` naming the supported families."""
+    """The :class:`_Moments` module of ``likelihood`` in ``dtype`` (it maps ``[..., L, N]`` to ``[..., L, N]``);
+    ``ValueError`` naming the supported families."""
     if isinstance(likelihood, Gaussian):
         return _Moments("gaussian", likelihood.noise.detach().to(dtype))
     if isinstance(likelihood, Bernoulli):

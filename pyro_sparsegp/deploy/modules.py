@@ -28,7 +28,8 @@ __all__ = ["Affine", "LayerPredictor", "DeepPredictor", "Predictor"]
 
 class Affine(torch.nn.Module):
     """``m(x) = x A + b`` ``[..., N, L]`` (``A`` ``[D, L]`` or absent, ``b`` ``[L]`` or absent): every mean function
-    of :mod:`pyro_sparsegp.mean_functions` (``Zero``, ``Constant``, ``Linear``, ``Identity``, ``FixedProjection``)."""
+    of :mod:`pyro_sparsegp.mean_functions` (``Zero``, ``Constant``, ``Linear``, ``Identity``, ``FixedProjection``;
+    the hidden layers' mean functions of Salimbeni & Deisenroth 2017, section 3)."""
 
     def __init__(self, A: torch.Tensor | None, b: torch.Tensor | None, out_dim: int):
         super().__init__()
@@ -45,7 +46,8 @@ class LayerPredictor(torch.nn.Module):
     """The marginals of one layer's ``q(f*)`` (module docstring). Buffers: ``Z`` ``[G, M, D]``, ``P`` ``[G, M, M]``,
     ``m`` ``[G, M]``, ``D`` ``[G, M, M]`` (``C C^T - I``), ``a`` ``[G, M]`` (``P^T m``), optional ``W`` ``[L, G]``
     (LMC), ``O`` ``[M2, D]`` and ``a_O`` ``[M2]`` (ODVGP's mean). ``kernel``, ``mean`` (an :class:`Affine` or
-    ``None``) are modules. ``single``: one output (``[..., N]`` rather than ``[..., N, L]``)."""
+    ``None``) are modules. ``single``: one output (``[..., N]`` rather than ``[..., N, L]``). The marginals of
+    Hensman, Matthews, Ghahramani 2015, eq. 19 (Shi, Titsias, Mnih 2020, eqs. 37-38 over ``[Z; O]``)."""
 
     def __init__(self, kernel, Z, Lj, m, C, mean=None, W=None, O=None, a_O=None, single=False):
         super().__init__()
@@ -64,7 +66,7 @@ class LayerPredictor(torch.nn.Module):
 
     @property
     def width(self) -> int:
-        """``L``, the outputs (features handed to a next layer)."""
+        """``L``, the outputs (features handed to a next layer): an int, so shapes do not apply."""
         return self.W.shape[0] if self.mixed else self.m.shape[0]
 
     def latent(self, X, var: bool = True):
@@ -126,7 +128,7 @@ class Predictor(torch.nn.Module):
     for one output, ``[N, L]`` for ``L``): ``"mean"``, ``"var"`` of ``q(f*)``, and ``"y_mean"``, ``"y_var"`` of the
     likelihood's predictive (``y_moments``, a module taking ``(mean, var)`` ``[..., L, N]``). A deep GP's ``core``
     gives ``S`` components ``[S, L, N]``, averaged as a mixture: ``E = avg_s mu_s``,
-    ``Var = avg_s var_s + avg_s (mu_s - E)^2``."""
+    ``Var = avg_s var_s + avg_s (mu_s - E)^2`` (the mixture of Salimbeni & Deisenroth 2017, section 3.3)."""
 
     def __init__(self, core, what, y_moments=None, deep=False, single=False):
         super().__init__()

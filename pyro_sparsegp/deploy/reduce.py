@@ -38,7 +38,8 @@ def register_layer(cls, fn=None):
 
 def check_exportable(module) -> None:
     """``ValueError`` naming what to do when ``module`` cannot be exported as it is: ``PyroSample``
-    hyperparameters (a sampled lengthscale or noise has no single value to bake in)."""
+    hyperparameters (a sampled lengthscale or noise has no single value to bake in). A module, not a tensor, so
+    shapes do not apply."""
     sampled = sampled_attributes(module, names=False)
     if sampled:
         which = ", ".join(sorted({f"{type(sub).__name__}.{name}" for sub, name, _ in sampled}))
@@ -50,7 +51,8 @@ def check_exportable(module) -> None:
 
 def reduce_layer(layer) -> torch.nn.Module:
     """The plain module of ``layer`` from the reduction registered for its class (:func:`register_layer`);
-    ``ValueError`` naming the class and the supported ones otherwise."""
+    ``ValueError`` naming the class and the supported ones otherwise. Modules, not tensors, so shapes do not apply
+    (:mod:`pyro_sparsegp.deploy.modules` gives the module's)."""
     for cls in type(layer).__mro__:
         if cls in _REDUCERS:
             return _REDUCERS[cls](layer)
