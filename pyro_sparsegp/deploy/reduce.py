@@ -90,6 +90,9 @@ def _points(inducing) -> torch.Tensor:
 def _svgp(layer, O=None, a_O=None, shift=None) -> LayerPredictor:
     """SVGP, SOLVE-GP (over ``[Z; O]``) and their LMC layers; ``O``, ``a_O``, ``shift``: ODVGP's mean."""
     check_exportable(layer)
+    Z0 = _points(layer.inducing)
+    # the kernel first: it refuses an unsupported one before any factorisation; inputs centred on the mean of Z
+    kernel = plain_kernel(layer.kernel, Z0.reshape(-1, Z0.shape[-1]).mean(0))
     inducing, Lj, m, C = layer.strategy.predictive_terms()
     Z = torch.cat([_points(v) for v in inducing], -2)  # [(G,) M, D]
     if shift is not None:
@@ -98,7 +101,6 @@ def _svgp(layer, O=None, a_O=None, shift=None) -> LayerPredictor:
     m, C = m.reshape(G, -1), C.expand(G, *C.shape[-2:])
     dtype = m.dtype
     Zg = Z.expand(G, *Z.shape[-2:]).clone()
-    kernel = plain_kernel(layer.kernel, Z.reshape(-1, Z.shape[-1]).mean(0))
     W = None if getattr(layer, "num_latents", None) is None else layer.W.detach().clone()
     return LayerPredictor(kernel, Zg, Lj, m.clone(), C.clone(), _mean(layer, dtype), W, O, a_O,
                           single=layer.num_outputs is None)

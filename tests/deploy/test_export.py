@@ -7,15 +7,14 @@ import subprocess
 import sys
 import warnings
 
-import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from deploy_cases import deep_predict, random_q
 from pyro.contrib.gp.kernels import RBF, Cosine, Matern32, Matern52, Sum
 from pyro.nn import PyroSample
 
 import pyro_sparsegp as ps
-from deploy_cases import deep_predict, random_q
 from pyro_sparsegp.mean_functions import FixedProjection, Linear
 
 # the bare process: imports torch only; a finder refuses pyro and pyro_sparsegp, and the end asserts neither loaded

@@ -6,10 +6,10 @@ sizes other than the example's, equal ``predict`` to 1e-10."""
 import numpy as np
 import pytest
 import torch
+from deploy_cases import deep_predict, random_q
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
-from deploy_cases import deep_predict, random_q
 from pyro_sparsegp.mean_functions import FixedProjection
 
 
