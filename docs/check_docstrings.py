@@ -40,6 +40,8 @@ NO_PAPER = {TRAINING + m for m in ("fit", "batches", "checkpoint", "guard", "dis
     "pyro_sparsegp.kernels.batched", "pyro_sparsegp.linalg",
     "pyro_sparsegp.covariances.dispatch", "pyro_sparsegp.inducing.init", "pyro_sparsegp.context.composition",
     "pyro_sparsegp.data_stream", "pyro_sparsegp.checks.validation", "pyro_sparsegp.context.deferred",
+    "pyro_sparsegp.deploy.export", "pyro_sparsegp.deploy.reduce", "pyro_sparsegp.deploy.kernels",
+    "pyro_sparsegp.deploy.likelihoods",
 }
 # objects that take or return no tensor: shapes do not apply
 NO_TENSORS = {TRAINING + name for name in (

@@ -10,6 +10,7 @@ from . import (
     data_stream,
     datasets,
     deep,
+    deploy,
     distributions,
     inducing,
     infer,
@@ -21,6 +22,7 @@ from . import (
     variational,
 )
 from .checks import ModelShapeError, check_model
+from .deploy import export
 from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, InducingSum
 from .kernels import TICK, ConvKernel, SumKernel
 from .layers import ODVGP, SOLVEGP, SVGP, ConvLayer, DeepConvGP, DeepGP
@@ -75,6 +77,8 @@ __all__ = [
     "HeteroscedasticNegativeBinomial",
     "CholeskyJitterWarning",
     "check_model",
+    "export",
+    "deploy",
     "ModelShapeError",
     "bounds",
     "checks",

@@ -136,9 +136,10 @@ def cholesky(
     and flags a failure on the device; ``fit`` escalates at its next sync point (:mod:`pyro_sparsegp.context.deferred`).
     """
     checks = deferred.active()  # None outside fit's deferred steps (which read nothing back)
+    traced = deferred.tracing()  # a compiler traces: one factorisation, nothing read back (context/deferred.py)
     if symmetrize:  # built by the package: symmetric up to round-off, which the check's tolerance may not cover
         A = 0.5 * (A + A.mT)
-    elif checks is None:  # shape, symmetry (checks.matrices)
+    elif checks is None and not traced:  # shape, symmetry (checks.matrices)
         _check_factorisable(A)
     if jitter is None:
         jitter = default_jitter(A.dtype)
@@ -148,6 +149,8 @@ def cholesky(
         L, info = torch.linalg.cholesky_ex(add_diag(A, eps * scale))
         checks.record(checks.CHOLESKY, info > 0)
         return L
+    if traced:
+        return torch.linalg.cholesky_ex(add_diag(A, (jitter if jitter > 0 else default_jitter(A.dtype)) * scale))[0]
     if not torch.isfinite(scale).all():
         raise ValueError("cholesky: the matrix contains NaN or inf entries")
     eps = jitter
@@ -182,7 +185,7 @@ def solve_lower(L: torch.Tensor, B: torch.Tensor, transpose: bool = False) -> to
     ``trsm`` reads ``B^T`` column-major without copying it and the result comes back row-major. The left-sided call
     would transpose ``B`` into a copy first and return a column-major ``X`` that slows the products after it (1.2-2.4x
     on a 128 x 10,240 right-hand side on CPU)."""
-    if B.stride(-1) == 1 and B.shape[-1] > 1:
+    if B.stride(-1) == 1 and (deferred.tracing() or B.shape[-1] > 1):  # (a traced size is a tensor)
         if transpose:
             return torch.linalg.solve_triangular(L, B.mT, upper=False, left=False).mT
         return torch.linalg.solve_triangular(L.mT, B.mT, upper=True, left=False).mT

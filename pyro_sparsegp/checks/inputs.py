@@ -165,7 +165,7 @@ def fill_missing(y: torch.Tensor):
     if not y.is_floating_point():
         return y, None
     missing = torch.isnan(y)
-    if deferred.active() is None and not bool(missing.any()):
+    if not deferred.skip_reads() and not bool(missing.any()):
         return y, None
     return torch.where(missing, y.nanmedian(), y), ~missing
 
@@ -178,7 +178,7 @@ def check_missing(y: torch.Tensor) -> torch.Tensor:
     if not y.is_floating_point():
         return y
     empty = torch.isnan(y).all(-1)  # [..., N]
-    if bool(empty.any()):
+    if not deferred.skip_reads() and bool(empty.any()):
         row = int(empty.reshape(-1, empty.shape[-1]).any(0).nonzero()[0])
         raise ValueError(f"y row {row} has no observed output (all {y.shape[-1]} of its outputs are NaN): NaN marks a "
                          "missing output, and a row must observe at least one; drop the rows with nothing observed "

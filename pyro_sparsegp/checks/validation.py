@@ -88,7 +88,7 @@ _RESET_HOOKS.append(_LAST_CHECKED.clear)
 def check_precision(x: torch.Tensor, name: str) -> None:
     """Warn (:class:`InputPrecisionWarning`, once per name and dtype) when the offset of ``x`` dwarfs its spread in
     its own dtype. A tensor checked last time (same object, version, shape) is not scanned again."""
-    if deferred.active() is not None:  # fit checked the data once (context/deferred.py)
+    if deferred.skip_reads():  # fit checked the data once, or a compiler traces (context/deferred.py)
         return
     key = (id(x), x._version, tuple(x.shape), x.dtype)
     if _LAST_CHECKED.get(name) == key:
@@ -221,9 +221,9 @@ def check_data(module, X, y, subsample_size=None, num_data=None, purpose="model"
     return X, y
 
 
-def check_predict(module, full: bool, batch_size, full_output_cov: bool = False) -> int:
+def check_predict(module, full: bool, batch_size, full_output_cov: bool = False) -> int | None:
     """``predict``'s options; returns the number of rows per chunk (default: ``[L, M, rows]`` within 2^24
-    elements)."""
+    elements; ``None``, all rows in one chunk, while a compiler traces)."""
     if full_output_cov and module.num_outputs is None:
         raise ValueError("predict(X, full_output_cov=True) gives the [N, L, L] covariance of L outputs, and this "
                          "module has a single output; call predict(X) for its variance, or build it with "
@@ -234,6 +234,8 @@ def check_predict(module, full: bool, batch_size, full_output_cov: bool = False)
             "none; call predict(X) for the moments of q(f*), or build the module with a likelihood"
         )
     check_positive_int(batch_size, "batch_size")
+    if batch_size is None and deferred.tracing():
+        return None  # one chunk: a traced graph has no Python loop over the rows (context/deferred.py)
     if batch_size is None:
         M = module.inducing.num_inducing + (module.orthogonal.num_inducing if hasattr(module, "orthogonal") else 0)
         batch_size = max(1, (1 << 24) // (M * (getattr(module, "num_latent_gps", module.num_outputs) or 1)))

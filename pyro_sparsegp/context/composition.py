@@ -31,6 +31,7 @@ from pyro.poutine.plate_messenger import PlateMessenger
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 
+from . import deferred
 from .naming import check_not_superseded
 from .reporting import in_layer
 
@@ -166,7 +167,11 @@ class _Same:
 def values_key(module) -> tuple:
     """Key of everything that enters a layer's covariances: each parameter's storage and version, each sampled
     hyperparameter's value (by identity), and the grad mode. Call inside the module's context. Returns a tuple
-    of identities and versions, not a tensor, so shapes do not apply."""
+    of identities and versions, not a tensor, so shapes do not apply. While a compiler traces
+    (:func:`~pyro_sparsegp.context.deferred.tracing`) a tensor has no storage to name: the key is then a fresh
+    object, equal to no other, so nothing is taken from a cache."""
+    if deferred.tracing():
+        return (object(),)
     key = tuple((p.data_ptr(), p._version) for p in module.parameters())
     sampled = tuple(_Same(getattr(sub, name)) for sub, name, _ in sampled_attributes(module))
     return key + sampled + (torch.is_grad_enabled(),)

@@ -34,7 +34,7 @@ import contextlib
 
 import torch
 
-__all__ = ["DeferredChecks", "deferred_checks", "active"]
+__all__ = ["DeferredChecks", "deferred_checks", "active", "tracing", "skip_reads"]
 
 _ACTIVE: DeferredChecks | None = None
 
@@ -75,6 +75,19 @@ def active() -> DeferredChecks | None:
     """The :class:`DeferredChecks` of the innermost :func:`deferred_checks` context, or ``None`` (checks read at
     once). Takes and returns no tensor, so shapes do not apply."""
     return _ACTIVE
+
+
+def tracing() -> bool:
+    """Whether a compiler is tracing the running code: ``torch.export`` (strict or not), ``torch.compile`` or
+    ``torch.jit.trace``. The compiler's own predicates, never a tensor's value; no tensors, so shapes do not apply."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
+def skip_reads() -> bool:
+    """Whether the checks that read a tensor's value back are skipped: inside :func:`deferred_checks` (``fit`` on an
+    accelerator checked the data once) or while a compiler traces (:func:`tracing`; module docstring). No tensors, so
+    shapes do not apply."""
+    return _ACTIVE is not None or tracing()
 
 
 @contextlib.contextmanager

@@ -70,12 +70,14 @@ def required_features(kernel) -> int:
 
 def _slice(kernel, X):
     ad = _active(kernel)
-    if ad is None or (X.shape[-1] == len(ad) and ad == list(range(len(ad)))):
+    if ad is None or (ad == list(range(len(ad))) and (deferred.tracing() or X.shape[-1] == len(ad))):
         return X
     return X[..., ad]
 
 
 def _check(kernel, X, Z):
+    if deferred.tracing():  # the shapes of a traced graph are checked where it is built (context/deferred.py)
+        return
     need = required_features(kernel)
     if X.shape[-1] < need:
         raise ValueError(
@@ -140,6 +142,8 @@ def _decide(exact: torch.Tensor) -> bool:
     """Read the exactness test ``exact`` (a boolean scalar tensor) back, or, inside
     :func:`~pyro_sparsegp.context.deferred.deferred_checks`, take the product form (unless the run switched to the exact
     differences) and flag a failed test on the device without reading it."""
+    if deferred.tracing():  # a compiler traces: no read back (context/deferred.py)
+        return True
     checks = deferred.active()
     if checks is None:
         return bool(exact)
@@ -168,7 +172,7 @@ def _rbf_gemm_is_exact(x2, z2):
     decreases there) and times 1 otherwise. The largest such bound over the rows of ``x`` must be within the same
     tolerance as :func:`_gemm_is_exact`'s (now relative to ``var``). A far outlier (heavy-tailed inputs in float32)
     then no longer sends the whole batch to the differences: its kernel values are ``exp(-d^2 / 2)``-small."""
-    if x2.numel() == 0 or z2.numel() == 0:
+    if deferred.tracing() or x2.numel() == 0 or z2.numel() == 0:
         return True
     simple = _gemm_is_exact(x2, z2, read=False)
     if deferred.active() is None and bool(simple):  # the common case, without the search below

@@ -12,6 +12,7 @@ from .. import covariances as cov
 from .. import inducing as ind
 from ..checks.inputs import as_targets, as_tensor
 from ..checks.validation import check_data, check_module_args
+from ..context import deferred
 from ..context.composition import plate as data_plate
 from ..context.reporting import warn
 from ..likelihoods import _check_finite
@@ -218,7 +219,7 @@ class LayerData:
         once, on the whole data)."""
         X, y = check_data(self, X, y, subsample_size, num_data, purpose)
         D = self.inducing.input_dim(self.kernel)
-        if X.dim() < 2 or X.shape[-1] != D:
+        if X.dim() < 2 or (not deferred.tracing() and X.shape[-1] != D):
             raise ValueError(
                 f"X must be [N, D] with D = {D} features (the inducing inputs' dimension), got shape "
                 f"{tuple(X.shape)}"

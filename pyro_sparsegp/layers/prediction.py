@@ -36,7 +36,10 @@ class Prediction:
         multi = self.num_outputs is not None
         Xq = X.unsqueeze(-3) if multi and X.dim() > 2 else X
         qf = self._qf_output_cov if full_output_cov else self.qf
-        parts = [qf(Xq[..., i : i + batch_size, :]) for i in range(0, max(X.shape[-2], 1), batch_size)]
+        if batch_size is None:  # a compiler traces: one chunk (checks.validation.check_predict)
+            parts = [qf(Xq)]
+        else:
+            parts = [qf(Xq[..., i : i + batch_size, :]) for i in range(0, max(X.shape[-2], 1), batch_size)]
         self.strategy.clear()
         mean = torch.cat([p[0] for p in parts], -1)  # [..., (L,) N]
         var = torch.cat([p[1] for p in parts], -1 if not full_output_cov else -3)  # [..., (L,) N] or [..., N, L, L]

@@ -48,7 +48,7 @@ def check_likelihood(likelihood) -> None:
 
 
 def _check_finite(name, t):
-    if deferred.active() is not None:  # fit checked the data once (context/deferred.py)
+    if deferred.skip_reads():  # fit checked the data once, or a compiler traces (context/deferred.py)
         return
     if not torch.isfinite(t).all():
         raise ValueError(f"{name} contains NaN or inf")
@@ -123,7 +123,7 @@ class Likelihood(PyroModule):
         Implements no paper equation: a numerical rule for the quadrature of Hensman et al. 2015, section 4."""
         if f_var.numel() == 0:
             return self.num_gh
-        if deferred.active() is not None:
+        if deferred.skip_reads():
             return max(100, self.num_gh)
         sd = float(f_var.detach().max().clamp(min=0).sqrt()) * 2.0 / self._node_sd
         if not sd > 2.0:  # also NaN: the likelihood's own checks report it
@@ -163,7 +163,7 @@ class Likelihood(PyroModule):
         """Model side: register the observed site ``name`` with ``y ~ distribution(f)`` (call inside the data
         plate). ``prefix`` names any auxiliary site a likelihood adds (``<prefix>.omega``)."""
         if y is not None:
-            if deferred.active() is None:  # else fit checked y once (context/deferred.py)
+            if not deferred.skip_reads():  # else fit checked y once (context/deferred.py)
                 self.check_y(y)
             y = self._as_values(y, f)
         seed_context(self)

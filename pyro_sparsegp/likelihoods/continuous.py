@@ -60,7 +60,7 @@ class StudentT(Likelihood):
         if f_var.numel() == 0:
             return self.num_gh
         cap = max(100, self.num_gh)
-        if deferred.active() is not None:
+        if deferred.skip_reads():
             return cap
         scale = self.__dict__.get("_pyro_samples", {}).get("scale")
         if scale is not None and not isinstance(scale, torch.Tensor):  # a hyperprior: no fixed scale to read

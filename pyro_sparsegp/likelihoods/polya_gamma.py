@@ -66,7 +66,7 @@ class PolyaGammaLogit(Bernoulli):
 
     def forward(self, f, y=None, name="y", prefix="gp"):
         if y is not None:
-            if deferred.active() is None:  # else fit checked y once (context/deferred.py)
+            if not deferred.skip_reads():  # else fit checked y once (context/deferred.py)
                 self.check_y(y)
             y = self._as_values(y, f)
         seed_context(self)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ..context import deferred
+
 __all__ = ["XKey", "FactorCache", "take"]
 
 
@@ -27,7 +29,8 @@ class XKey:
 
     def __init__(self, X):
         self.x, self.version, self.tag = X, X._version, getattr(X, "_psgp_key", None)
-        self._hash = hash((tuple(X.shape), X.dtype, X.device))
+        # a traced X has symbolic sizes, which do not hash (and a traced cache never hits: values_key)
+        self._hash = id(X) if deferred.tracing() else hash((tuple(X.shape), X.dtype, X.device))
 
     def __hash__(self):
         return self._hash

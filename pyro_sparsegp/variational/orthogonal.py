@@ -194,6 +194,25 @@ class OrthogonalStrategy(Strategy):
             C = solve_lower(Lc, solve_lower(Luu, C).mT).mT  # Luu^{-1} C Lc^{-T}
         return 2.0 * (B * (C @ D)).sum(-2)
 
+    @in_layer
+    def predictive_terms(self):
+        r"""``(inducing, Lj, m, C)`` as :meth:`Strategy.predictive_terms`, over ``[Z; O]``: algorithm 1's factors
+        make the joint lower factor ``Lj = [[Luu, 0], [A^T, Lc]]`` ``[(L,) M + M2, M + M2]`` (``A = Luu^{-1} Kuv``,
+        ``Lc = chol(Cvv)``), so ``w = Lj^{-1} k([Z; O], x)`` stacks the projections ``B`` and ``D`` of eqs. 37-38,
+        and ``q`` is ``N([m_u; m_v], blockdiag(C_u, C_v))`` in those coordinates (Shi, Titsias, Mnih 2020, section
+        3.3 and appendix D)."""
+        Luu, Lc, A = self.joint_factors()
+        q_u, q_v = self.layer.q_u, self.layer.q_v
+        mu, Cu = cond.whitened_q(q_u.u_loc, q_u.u_scale_tril, None if self.whiten else Luu)
+        mv, Cv = cond.whitened_q(q_v.u_loc, self.v_scale(Lc), None if self.whiten else Lc)
+        M, M2 = Luu.shape[-1], Lc.shape[-1]
+        batch = torch.broadcast_shapes(Luu.shape[:-2], Lc.shape[:-2], Cu.shape[:-2], Cv.shape[:-2])
+        Lj = Luu.new_zeros(batch + (M + M2, M + M2))
+        C = Lj.clone()
+        Lj[..., :M, :M], Lj[..., M:, :M], Lj[..., M:, M:] = Luu, A.mT, Lc
+        C[..., :M, :M], C[..., M:, M:] = Cu, Cv
+        return [self.layer.inducing, self.layer.orthogonal], Lj, torch.cat([mu, mv], -1), C
+
     def full_terms(self, X):
         Luu, Lc, B, D, _ = self.factors(X, consume=False)
         q_u, q_v = self.layer.q_u, self.layer.q_v

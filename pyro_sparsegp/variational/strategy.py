@@ -235,6 +235,18 @@ class Strategy:
         prior = self.prior(None if self.whiten else self.luu(consume))
         return torch.distributions.kl_divergence(self.posterior(), prior)
 
+    @in_layer
+    def predictive_terms(self):
+        r"""The constants of ``q(f*)`` for a program without the library (:mod:`pyro_sparsegp.deploy`):
+        ``(inducing, Lj, m, C)``: the inducing variables (a list; their ``Z`` ``[(L,) M_i, D]`` stacked along ``M``),
+        the lower factor ``Lj`` ``[(L,) M, M]`` of their prior covariance (this strategy's jitter), ``q`` in the
+        whitened ``Lj^{-1} u``: ``m`` ``[(L,) M]``, scale ``C`` ``[(L,) M, M]``. With ``w = Lj^{-1} k(Z, x)`` the
+        marginal is ``N(w^T m, k(x, x) - |w|^2 + |C^T w|^2)`` (Hensman, Matthews, Ghahramani 2015, eq. 19)."""
+        _, Luu = self.kuu_chol(consume=False)
+        self.clear()
+        m, C = cond.whitened_q(self.layer.q_u.u_loc, self.layer.q_u.u_scale_tril, None if self.whiten else Luu)
+        return [self.layer.inducing], Luu, m, C
+
     def full_terms(self, X: torch.Tensor):
         """``([(W, m, S^{1/2}, L or None)], [W])``: each set of inducing variables' projection ``[(L|1,) M, N]``,
         mean, scale and (un-whitened) prior factor, and the projections whose Gram matrices the prior covariance
