@@ -31,6 +31,9 @@ keeps ``[N, Q]`` parameters and gathers the minibatch's rows.
   2015): parameters independent of ``N`` and a ``q(x*)`` for a new row in one pass. The encoder receives
   ``[..., B, 2 D]``: ``y`` with ``NaN`` replaced by 0, then the mask of observed entries (1.0 observed, 0.0 missing),
   and returns ``[..., B, 2 Q]``: the means, then the scales before a softplus. :func:`mlp_encoder` builds one.
+  The encoder is converted in place to a ``PyroModule`` (``pyro.nn.module.to_pyro_module_``) whose parameters are
+  ``PyroParam``\ s, which ``SVI`` records and trains like the GP's (a plain ``nn.Parameter`` of a ``PyroModule`` is
+  no parameter site under ``module_local_params``); its ``state_dict`` keys end in ``_unconstrained``.
   The row indices are then not read (any ``X`` with ``N`` rows serves).
 
 ``fit`` maximises :meth:`GPLVM.analytic_elbo`: ``x`` drawn from ``q(x)`` by reparameterisation, the expected
@@ -48,6 +51,7 @@ import pyro.distributions as dist
 import torch
 from pyro.contrib.gp.kernels import RBF
 from pyro.nn import PyroModule, PyroParam
+from pyro.nn.module import to_pyro_module_
 from torch.distributions import constraints
 
 from ..checks.inputs import as_tensor, check_missing
@@ -67,6 +71,18 @@ def _count(v, name: str, allow_none: bool = False):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{name} must be a positive integer, got {v!r}")
     return v
+
+
+def as_pyro_params_(module) -> None:
+    """Convert ``module`` in place to a ``PyroModule`` whose ``nn.Parameter`` objects are ``PyroParam`` objects (same values and
+    shapes; unconstrained), so that its parameters are sites of the Pyro programs it runs in."""
+    to_pyro_module_(module)
+    for sub in module.modules():
+        for pname, p in list(sub.named_parameters(recurse=False)):
+            if pname.endswith("_unconstrained"):
+                continue
+            delattr(sub, pname)
+            setattr(sub, pname, PyroParam(p.detach().clone(), constraints.real))
 
 
 class GPLVM(LatentInference, KeepsOwnName, PyroModule):
@@ -133,6 +149,8 @@ class GPLVM(LatentInference, KeepsOwnName, PyroModule):
             raise ValueError(f"the GPLVM needs an element-wise likelihood (one y per output); "
                              f"{type(likelihood).__name__} has {likelihood.latent_dim} latent functions")
         self.gp = SVGP(kernel, Z.detach().clone(), likelihood, num_outputs=D, name=f"{name}.gp", jitter=jitter)
+        if encoder is not None:
+            as_pyro_params_(encoder)  # its parameters become PyroParams: sites that SVI records and trains
         self.encoder = encoder
         if encoder is None:
             loc = 0.1 * torch.randn(N, Q, dtype=dtype) if X_init is None else X_init.detach().clone()
@@ -240,8 +258,6 @@ class GPLVM(LatentInference, KeepsOwnName, PyroModule):
         values by site name (so that it can be a part of ``AutoGuideList``)."""
         X, y = self.check_inputs(X, y)
         rows = self._rows(X)
-        if self.encoder is not None:
-            pyro.module(f"{self.name}.encoder", self.encoder)  # SVI trains the encoder's parameters
         u = self.gp.sample_u(guide=True)
         out = {f"{self.gp.name}.u": u}
         with self._plate(rows, subsample_size, num_data) as idx:
