@@ -59,7 +59,6 @@ from ..context.composition import plate as data_plate
 from ..context.naming import KeepsOwnName, claim_name, unique_name
 from ..likelihoods import Gaussian
 from .gplvm_inference import LatentInference, encoder_inputs, kl_standard_normal, mlp_encoder, pca_init
-from .outputs import masked_sum, targets
 from .svgp import SVGP
 
 __all__ = ["GPLVM", "mlp_encoder", "pca_init"]
@@ -74,8 +73,8 @@ def _count(v, name: str, allow_none: bool = False):
 
 
 def as_pyro_params_(module) -> None:
-    """Convert ``module`` in place to a ``PyroModule`` whose ``nn.Parameter`` objects are ``PyroParam`` objects (same values and
-    shapes; unconstrained), so that its parameters are sites of the Pyro programs it runs in."""
+    """Convert ``module`` in place to a ``PyroModule`` whose ``nn.Parameter`` objects are ``PyroParam`` objects (same
+    values and shapes; unconstrained), so that its parameters are sites of the Pyro programs it runs in."""
     to_pyro_module_(module)
     for sub in module.modules():
         for pname, p in list(sub.named_parameters(recurse=False)):
@@ -134,9 +133,11 @@ class GPLVM(LatentInference, KeepsOwnName, PyroModule):
         dtype = torch.get_default_dtype()
         if X_init is not None:
             X_init = as_tensor(X_init, "X_init", dtype)
-            if encoder is not None or tuple(X_init.shape) != (N, Q):
+            if encoder is not None:
+                raise ValueError("X_init gives the per-point guide's initial means; an encoder has none: drop X_init")
+            if tuple(X_init.shape) != (N, Q):
                 raise ValueError(f"X_init gives the per-point guide's initial means [N, Q] = [{N}, {Q}], got "
-                                 f"{tuple(X_init.shape)}{' with an encoder, which has no per-point means' if encoder is not None else ''}")
+                                 f"{tuple(X_init.shape)}")
         if Z is None:
             Z = (X_init[torch.randperm(N)[:M]] if X_init is not None and N >= M else torch.randn(M, Q, dtype=dtype))
         Z = as_tensor(Z, "Z", dtype)
@@ -279,17 +280,3 @@ class GPLVM(LatentInference, KeepsOwnName, PyroModule):
         self.gp.strategy.clear()
         kl_x = kl_standard_normal(loc, scale).sum()
         return (num_data or X.shape[0]) / X.shape[0] * (ell - kl_x) - kl_u
-
-    def expected_log_lik(self, y, loc, scale, num_samples: int = 1) -> torch.Tensor:
-        """``sum_n E_{q(x_n)} sum_{d observed} E_{q(f_nd | x_n)} log p(y_nd | f_nd)`` ``()`` for ``y`` ``[B, D]`` and
-        ``q(x)`` ``(loc, scale)`` ``[B, Q]``, by ``S = num_samples`` reparameterised draws of ``x`` (the GP's marginals
-        in closed form given ``x``: Hensman, Matthews, Ghahramani 2015, eq. 19). Leaves the GP's factors cached for
-        ``gp.kl_divergence(consume=True)``."""
-        B = loc.shape[0]
-        x = loc + scale * torch.randn((num_samples,) + loc.shape, dtype=loc.dtype, device=loc.device)
-        f_loc, f_var = self.gp.qf(x.reshape(-1, self.latent_dim))  # [D, S B]
-        yt, mask = targets(y, True)  # [D, B]
-        yt = yt.repeat(1, num_samples)
-        mask = None if mask is None else mask.repeat(1, num_samples)
-        return masked_sum(self.likelihood.expected_log_prob(yt, f_loc, f_var), mask) / num_samples * (B > 0)
-

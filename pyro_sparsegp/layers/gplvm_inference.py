@@ -46,7 +46,7 @@ def mlp_encoder(Y_dim: int, latent_dim: int, hidden=(128,), scale: float = 0.1) 
     """A multilayer perceptron ``[..., B, 2 D] -> [..., B, 2 Q]`` (``tanh`` hidden layers of the widths ``hidden``)
     for :class:`GPLVM`'s ``encoder``; its scales start near ``scale`` (the last layer's bias)."""
     sizes, layers = [2 * Y_dim, *hidden], []
-    for a, b in zip(sizes[:-1], sizes[1:]):
+    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
         layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
     last = torch.nn.Linear(sizes[-1], 2 * latent_dim)
     with torch.no_grad():
@@ -71,10 +71,22 @@ class LatentInference:
     """Mixin of :class:`~pyro_sparsegp.layers.gplvm.GPLVM`: :meth:`infer_latent` and :meth:`reconstruct` for new
     rows ``Y_new`` ``[N*, D]`` (module docstring)."""
 
+    def expected_log_lik(self, y, loc, scale, num_samples: int = 1) -> torch.Tensor:
+        """``sum_n E_{q(x_n)} sum_{d observed} E_{q(f_nd | x_n)} log p(y_nd | f_nd)`` ``()`` for ``y`` ``[B, D]`` and
+        ``q(x)`` ``(loc, scale)`` ``[B, Q]``, by ``S = num_samples`` reparameterised draws of ``x`` (the GP's marginals
+        in closed form given ``x``: Hensman, Matthews, Ghahramani 2015, eq. 19). Leaves the GP's factors cached for
+        ``gp.kl_divergence(consume=True)``."""
+        x = loc + scale * torch.randn((num_samples,) + loc.shape, dtype=loc.dtype, device=loc.device)
+        f_loc, f_var = self.gp.qf(x.reshape(-1, self.latent_dim))  # [D, S B]
+        yt, mask = targets(y, True)  # [D, B]
+        yt = yt.repeat(1, num_samples)
+        mask = None if mask is None else mask.repeat(1, num_samples)
+        return masked_sum(self.likelihood.expected_log_prob(yt, f_loc, f_var), mask) / num_samples
+
     def _new_rows(self, Y_new) -> torch.Tensor:
         if sampled_attributes(self, names=False):
-            raise ValueError("infer_latent needs fixed hyperparameters, and this GPLVM has a PyroSample (a hyperprior): "
-                             "read outside a trace it would be a draw from its prior; condition the model on values "
+            raise ValueError("infer_latent needs fixed hyperparameters, and this GPLVM has a PyroSample (a "
+                             "hyperprior): read outside a trace it would be a draw from its prior; condition the model on values "
                              "(poutine.condition) or infer x* inside your own program")
         Y = as_tensor(Y_new, "Y_new", self.gp.Z.dtype, self.gp.Z.device)
         if Y.dim() != 2 or Y.shape[-1] != self.Y_dim:

@@ -123,7 +123,7 @@ def test_encoder_gets_gradients_and_trains():
     before = [p.detach().clone() for p in g.encoder.parameters()]
     svi = SVI(g.model, g.guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO(max_plate_nesting=2))
     svi.step(X, Y, subsample_size=8)
-    assert all(not torch.equal(b, p.detach()) for b, p in zip(before, g.encoder.parameters()))
+    assert all(not torch.equal(b, p.detach()) for b, p in zip(before, g.encoder.parameters(), strict=True))
     losses = ps.infer.fit(g, X, Y, num_steps=40, batch_size=8, lr=0.03, progress=False).losses
     assert sum(losses[-10:]) < sum(losses[:10])
 
