@@ -86,8 +86,8 @@ class LatentInference:
     def _new_rows(self, Y_new) -> torch.Tensor:
         if sampled_attributes(self, names=False):
             raise ValueError("infer_latent needs fixed hyperparameters, and this GPLVM has a PyroSample (a "
-                             "hyperprior): read outside a trace it would be a draw from its prior; condition the model on values "
-                             "(poutine.condition) or infer x* inside your own program")
+                             "hyperprior): read outside a trace it would be a draw from its prior; condition the model "
+                             "on values (poutine.condition) or infer x* inside your own program")
         Y = as_tensor(Y_new, "Y_new", self.gp.Z.dtype, self.gp.Z.device)
         if Y.dim() != 2 or Y.shape[-1] != self.Y_dim:
             raise ValueError(f"Y_new must be [N*, D] with D = {self.Y_dim}, got {tuple(Y.shape)}")
