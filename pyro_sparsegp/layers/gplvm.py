@@ -255,8 +255,9 @@ class GPLVM(LatentInference, KeepsOwnName, PyroModule):
 
     @pyro.nn.pyro_method
     def guide(self, X, y=None, *, subsample_size=None, num_data=None) -> dict:
-        """``q(u)``; in the data plate ``q(x_n)`` (:meth:`q_x`) and ``p(f | u)`` at the drawn ``x``. Returns the drawn
-        values by site name (so that it can be a part of ``AutoGuideList``)."""
+        """``q(u)``; in the data plate ``q(x_n)`` (:meth:`q_x`, ``x`` ``[..., B, Q]``) and ``p(f | u)`` at the drawn
+        ``x`` (``f`` ``[..., D, B]``). Returns the drawn values by site name (so that it can be a part of
+        ``AutoGuideList``)."""
         X, y = self.check_inputs(X, y)
         rows = self._rows(X)
         u = self.gp.sample_u(guide=True)

@@ -7,7 +7,7 @@ For a new row ``y*`` ``[D]`` (``NaN`` where not observed) the GP, ``q(u)`` and t
 .. math:: \mathbb{E}_{q(x^*)}\sum_{d\ \rm observed}\mathbb{E}_{q(f_d\mid x^*)}\log p(y^*_d\mid f_d)
    - \mathrm{KL}[q(x^*)\,\|\,N(0, I)],
 
-the term that row would add to the training bound (Titsias and Lawrence 2010, section 4 infer a test point's latent
+the term that row would add to the training bound (Titsias and Lawrence 2010 infer a test point's latent
 the same way). It starts at the encoder's ``q(x*)`` (amortised guide; Bui and Turner 2015 refine a recognition
 model's output the same way) or, without one, at the best of a few candidate points (the inducing inputs, the
 origin, up to 256 training means) by the expected log-likelihood of the observed entries plus the prior's log
@@ -31,20 +31,23 @@ _CHUNK = 2**23  # elements of the [D, M, rows] projection per chunk of rows
 
 
 def kl_standard_normal(loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``KL[N(loc, scale^2) || N(0, 1)]`` element-wise (closed form), same shape as ``loc`` and ``scale``."""
+    """``KL[N(loc, scale^2) || N(0, 1)]`` element-wise (closed form), same shape as ``loc`` and ``scale``: the
+    latents' KL of the Bayesian GPLVM bound (Titsias and Lawrence 2010)."""
     return 0.5 * (loc.pow(2) + scale.pow(2) - 1.0) - scale.log()
 
 
 def encoder_inputs(y: torch.Tensor) -> torch.Tensor:
     """What the encoder reads: ``y`` ``[..., B, D]`` with ``NaN`` as 0, then the observed mask (1.0 / 0.0):
-    ``[..., B, 2 D]``."""
+    ``[..., B, 2 D]`` (the recognition model's input, Bui and Turner 2015, for the GPLVM of Titsias and Lawrence 2010)."""
     missing = torch.isnan(y)
     return torch.cat([y.masked_fill(missing, 0.0), (~missing).to(y.dtype)], -1)
 
 
 def mlp_encoder(Y_dim: int, latent_dim: int, hidden=(128,), scale: float = 0.1) -> torch.nn.Sequential:
     """A multilayer perceptron ``[..., B, 2 D] -> [..., B, 2 Q]`` (``tanh`` hidden layers of the widths ``hidden``)
-    for :class:`GPLVM`'s ``encoder``; its scales start near ``scale`` (the last layer's bias)."""
+    for :class:`GPLVM`'s ``encoder``; its scales start near ``scale`` (the last layer's bias). A recognition model
+    as in Bui and Turner 2015 for the GPLVM of Titsias and Lawrence 2010 (a back-constraint, Lawrence and
+    Quiñonero-Candela 2006)."""
     sizes, layers = [2 * Y_dim, *hidden], []
     for a, b in zip(sizes[:-1], sizes[1:], strict=True):
         layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
@@ -58,7 +61,8 @@ def mlp_encoder(Y_dim: int, latent_dim: int, hidden=(128,), scale: float = 0.1) 
 
 def pca_init(Y, latent_dim: int) -> torch.Tensor:
     """The first ``Q = latent_dim`` principal-component scores of ``Y`` ``[N, D]`` (``NaN`` entries filled with their
-    column's mean), each scaled to unit variance, the prior's: ``[N, Q]``, the usual start of the latent means."""
+    column's mean), each scaled to unit variance, the prior's: ``[N, Q]``, the usual start of the latent means
+    (as Titsias and Lawrence 2010 start them)."""
     Y = as_tensor(Y, "Y")
     Y = torch.where(torch.isnan(Y), Y.nanmean(0), Y)
     Yc = Y - Y.mean(0)
@@ -69,7 +73,7 @@ def pca_init(Y, latent_dim: int) -> torch.Tensor:
 
 class LatentInference:
     """Mixin of :class:`~pyro_sparsegp.layers.gplvm.GPLVM`: :meth:`infer_latent` and :meth:`reconstruct` for new
-    rows ``Y_new`` ``[N*, D]`` (module docstring)."""
+    rows ``Y_new`` ``[N*, D]`` (module docstring: a test point's latent as in Titsias and Lawrence 2010)."""
 
     def expected_log_lik(self, y, loc, scale, num_samples: int = 1) -> torch.Tensor:
         """``sum_n E_{q(x_n)} sum_{d observed} E_{q(f_nd | x_n)} log p(y_nd | f_nd)`` ``()`` for ``y`` ``[B, D]`` and
@@ -123,7 +127,8 @@ class LatentInference:
         """``q(x*)`` of new rows ``Y_new`` ``[N*, D]`` (``NaN`` where not observed) with the GP frozen: the encoder's
         output (or the best candidate point) refined by ``steps`` Adam steps of rate ``lr`` on each row's bound with
         ``num_samples`` draws of ``x*`` (module docstring). ``batch_size``: rows per chunk (default: as many as keep
-        the ``[D, M, rows]`` projection within 2^23 elements). Returns ``(mean, var)``, each ``[N*, Q]``."""
+        the ``[D, M, rows]`` projection within 2^23 elements). Returns ``(mean, var)``, each ``[N*, Q]``. The
+        test-point inference of Titsias and Lawrence 2010, started as Bui and Turner 2015 do."""
         Y = self._new_rows(Y_new)
         chunk = self._chunk(batch_size, num_samples)
         means, variances = [], []
@@ -149,7 +154,7 @@ class LatentInference:
         not observed: the entries to predict), under ``q(x*)`` from :meth:`infer_latent` (``steps``, ``lr``) or the
         given ``latent = (mean, var)`` ``[N*, Q]``: ``num_samples`` draws of ``x*``, the GP's ``q(f* | x*)`` at each,
         moments matched (``E[f*]`` and ``Var[f*]``, plus the noise of a Gaussian likelihood). Returns
-        ``(mean, var)``, each ``[N*, D]``."""
+        ``(mean, var)``, each ``[N*, D]``: the predictive of Titsias and Lawrence 2010, by sampling."""
         if latent is None:
             with torch.enable_grad():
                 latent = self.infer_latent(Y_new, steps=steps, lr=lr)
