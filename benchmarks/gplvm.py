@@ -128,6 +128,7 @@ def gpytorch_gplvm(Y, Yt, hidden, Q, M, steps, batch, infer_steps):
     from gpytorch.models.gplvm import BayesianGPLVM, VariationalLatentVariable
     from gpytorch.priors import NormalPrior
     from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
+
     from pyro_sparsegp.layers.gplvm import pca_init
 
     torch.manual_seed(0)

@@ -8,8 +8,8 @@ For a new row ``y*`` ``[D]`` (``NaN`` where not observed) the GP, ``q(u)`` and t
    - \mathrm{KL}[q(x^*)\,\|\,N(0, I)],
 
 the term that row would add to the training bound (Titsias and Lawrence 2010 infer a test point's latent
-the same way). It starts at the encoder's ``q(x*)`` (amortised guide; Bui and Turner 2015 refine a recognition
-model's output the same way) or, without one, at the best of a few candidate points (the inducing inputs, the
+the same way). It starts at the encoder's ``q(x*)`` (amortised guide; the refinement corrects the encoder's
+amortisation gap) or, without one, at the best of a few candidate points (the inducing inputs, the
 origin, up to 256 training means) by the expected log-likelihood of the observed entries plus the prior's log
 density, and takes ``steps`` Adam steps on ``(mu*, log sigma*)``. Rows are independent and Adam acts element-wise,
 so chunks of rows are optimised separately with the same result.
@@ -38,7 +38,8 @@ def kl_standard_normal(loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def encoder_inputs(y: torch.Tensor) -> torch.Tensor:
     """What the encoder reads: ``y`` ``[..., B, D]`` with ``NaN`` as 0, then the observed mask (1.0 / 0.0):
-    ``[..., B, 2 D]`` (the recognition model's input, Bui and Turner 2015, for the GPLVM of Titsias and Lawrence 2010)."""
+    ``[..., B, 2 D]`` (the recognition model's input, Bui and Turner 2015, for the GPLVM of Titsias and Lawrence
+    2010)."""
     missing = torch.isnan(y)
     return torch.cat([y.masked_fill(missing, 0.0), (~missing).to(y.dtype)], -1)
 
@@ -128,7 +129,7 @@ class LatentInference:
         output (or the best candidate point) refined by ``steps`` Adam steps of rate ``lr`` on each row's bound with
         ``num_samples`` draws of ``x*`` (module docstring). ``batch_size``: rows per chunk (default: as many as keep
         the ``[D, M, rows]`` projection within 2^23 elements). Returns ``(mean, var)``, each ``[N*, Q]``. The
-        test-point inference of Titsias and Lawrence 2010, started as Bui and Turner 2015 do."""
+        test-point inference of Titsias and Lawrence 2010, started at the encoder's output."""
         Y = self._new_rows(Y_new)
         chunk = self._chunk(batch_size, num_samples)
         means, variances = [], []
