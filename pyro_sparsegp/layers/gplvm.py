@@ -195,8 +195,7 @@ class GPLVM(LatentInference, KeepsOwnName, PyroModule):
             if y.dim() != 2 or y.shape[-1] != self.Y_dim or y.shape[0] != X.shape[0]:
                 raise ValueError(f"y must be [N, D] = [{X.shape[0]}, {self.Y_dim}] (one row per index of X), got "
                                  f"{tuple(y.shape)}")
-            check_missing(y)
-            self.likelihood.check_y(check_missing(y))
+            self.likelihood.check_y(check_missing(y))  # a row with nothing observed is refused
         return X, y
 
     def _rows(self, X) -> torch.Tensor:
