@@ -25,7 +25,7 @@ from .checks import ModelShapeError, check_model
 from .deploy import export
 from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, InducingSum
 from .kernels import TICK, ConvKernel, SumKernel
-from .layers import ODVGP, SOLVEGP, SVGP, ConvLayer, DeepConvGP, DeepGP
+from .layers import GPLVM, ODVGP, SOLVEGP, SVGP, ConvLayer, DeepConvGP, DeepGP
 from .likelihoods import (
     Bernoulli,
     Beta,
@@ -51,6 +51,7 @@ __all__ = [
     "SOLVEGP",
     "ODVGP",
     "DeepGP",
+    "GPLVM",
     "ConvKernel",
     "TICK",
     "InducingPoints",

@@ -9,15 +9,18 @@ strategy (:mod:`pyro_sparsegp.variational`).
 * :class:`DeepGP` (:mod:`~pyro_sparsegp.layers.deep`): the doubly stochastic deep GP over any stack of layers that
   speak the hidden-layer protocol; :class:`ConvLayer` and :class:`DeepConvGP` (:mod:`~pyro_sparsegp.layers.conv`):
   convolutional hidden layers and the deep convolutional GP, a ``DeepGP``.
+* :class:`GPLVM` (:mod:`~pyro_sparsegp.layers.gplvm`): the Bayesian GPLVM (Titsias and Lawrence 2010) on minibatches,
+  with a per-point or an amortised (encoder) guide and inference of ``q(x*)`` for new rows.
 """
 
 from ..context.naming import ParamStoreWarning
 from .base import LayerData, UntrainableWarning, as_inputs
 from .conv import ConvLayer, DeepConvGP
 from .deep import DeepGP
+from .gplvm import GPLVM
 from .odvgp import ODVGP
 from .solvegp import SOLVEGP, OrthogonalInputs
 from .svgp import SVGP
 
-__all__ = ["SVGP", "SOLVEGP", "ODVGP", "DeepGP", "ConvLayer", "DeepConvGP", "OrthogonalInputs", "LayerData",
+__all__ = ["SVGP", "GPLVM", "SOLVEGP", "ODVGP", "DeepGP", "ConvLayer", "DeepConvGP", "OrthogonalInputs", "LayerData",
            "as_inputs", "UntrainableWarning", "ParamStoreWarning"]

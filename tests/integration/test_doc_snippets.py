@@ -87,6 +87,7 @@ Zimg = X[:4].clone()
     "docs/conventions.md": {0: "import torch\nX = torch.randn(300, 2)\ny = (X[:, 0] > 0).to(X.dtype)\n"},
     "docs/multioutput.md": {},
     "docs/composing.md": {0: _DATA},
+    "docs/gplvm.md": {},
     "docs/deep_gp.md": {
         1: "X_test, y_test = torch.randn(16, 4), torch.randn(16)\n",
     },
