@@ -23,22 +23,13 @@ import torch
 from pyro.contrib.gp import kernels as pk
 
 from ..kernels import Separate
+from ..kernels.batched import _active as _active_dims  # the feature indices a kernel reads (None: all)
 
 __all__ = ["plain_kernel", "KERNELS"]
 
 #: The kernel classes an exported program evaluates (besides ``Sum``, ``Product`` and ``Separate`` of them).
 KERNELS = {pk.RBF: "rbf", pk.Matern32: "matern32", pk.Matern52: "matern52", pk.Exponential: "exponential",
            pk.RationalQuadratic: "rq"}
-
-
-def _active_dims(kernel) -> list | None:
-    """The feature indices the kernel reads (``None``: all of them)."""
-    ad = getattr(kernel, "active_dims", None)
-    if ad is None:
-        return None
-    if isinstance(ad, slice):
-        return list(range(ad.stop))[ad] if ad.stop is not None else None
-    return [int(i) for i in ad]
 
 
 def _value(kernel, name: str) -> torch.Tensor:
