@@ -23,7 +23,7 @@ from . import (
 from .checks import ModelShapeError, check_model
 from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, InducingSum
 from .kernels import TICK, ConvKernel, SumKernel
-from .layers import ODVGP, SOLVEGP, SVGP, ConvLayer, DeepConvGP, DeepGP
+from .layers import ODVGP, SOLVEGP, SVGP, ConvLayer, DeepConvGP, DeepGP, GroupGP
 from .likelihoods import (
     Bernoulli,
     Beta,
@@ -49,6 +49,7 @@ __all__ = [
     "SOLVEGP",
     "ODVGP",
     "DeepGP",
+    "GroupGP",
     "ConvKernel",
     "TICK",
     "InducingPoints",

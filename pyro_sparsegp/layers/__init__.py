@@ -9,15 +9,19 @@ strategy (:mod:`pyro_sparsegp.variational`).
 * :class:`DeepGP` (:mod:`~pyro_sparsegp.layers.deep`): the doubly stochastic deep GP over any stack of layers that
   speak the hidden-layer protocol; :class:`ConvLayer` and :class:`DeepConvGP` (:mod:`~pyro_sparsegp.layers.conv`):
   convolutional hidden layers and the deep convolutional GP, a ``DeepGP``.
+* :class:`GroupGP` (:mod:`~pyro_sparsegp.layers.groups`): a GP per group with a shared kernel beside a population
+  GP, groups subsampled, a step's cost independent of the number of groups (data side:
+  :mod:`~pyro_sparsegp.layers.group_data`).
 """
 
 from ..context.naming import ParamStoreWarning
 from .base import LayerData, UntrainableWarning, as_inputs
 from .conv import ConvLayer, DeepConvGP
 from .deep import DeepGP
+from .groups import GroupGP
 from .odvgp import ODVGP
 from .solvegp import SOLVEGP, OrthogonalInputs
 from .svgp import SVGP
 
-__all__ = ["SVGP", "SOLVEGP", "ODVGP", "DeepGP", "ConvLayer", "DeepConvGP", "OrthogonalInputs", "LayerData",
+__all__ = ["SVGP", "SOLVEGP", "ODVGP", "DeepGP", "GroupGP", "ConvLayer", "DeepConvGP", "OrthogonalInputs", "LayerData",
            "as_inputs", "UntrainableWarning", "ParamStoreWarning"]

@@ -1,0 +1,165 @@
+"""A GP per group (``ps.GroupGP``, issue 54 item 2): (a) step time and memory against the number of groups ``G`` at
+the same batch, ours against GPyTorch's batch-independent model; (b) held-out NLPD on a real panel data set.
+
+(a) ``G`` = 10, 100, 1,000, 10,000 groups of 4 rows (``D = 2``, ``M = 8``), batches of 64 groups (256 rows);
+the time of one ``fit`` step (the whole loop: batch, bound, backward, update, guard) after 10 warm-up steps of the
+same run, and the memory the steps add beyond the run's state (glibc's ``mallinfo2``, ``uordblks + hblkhd``, read
+after every step through ``fit``'s callback, minus its value after step 10; ``tracemalloc`` does not see torch).
+GPyTorch: ``ApproximateGP`` with ``VariationalStrategy`` of ``batch_shape=[G]`` wrapped in
+``IndependentMultitaskVariationalStrategy`` (its documented way of many independent GPs), evaluated on the batch's
+rows with ``task_indices`` (each row's own GP picked from all ``G``), ``VariationalELBO`` with
+``num_data = N``, Adam. Both in float32 on one thread.
+
+(b) ``python benchmarks/groups.py --panel``: ``lme4::sleepstudy`` (18 subjects x 10 days, reaction time),
+the last 3 days of every subject held out, 3 seeds: test NLPD per row of ours (population + group GPs), independent
+exact GPs per subject (ML-II), a linear mixed model (random intercept and slope, ML, closed form per subject) and
+GPyTorch's batch-independent model (one GP per subject, shared nothing).
+
+Commands: ``OMP_NUM_THREADS=1 python benchmarks/groups.py`` (scaling; about 2 min) and
+``OMP_NUM_THREADS=1 python benchmarks/groups.py --panel`` (about 1 min). Records: ``benchmarks/records/groups.json``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import pyro
+import torch
+
+import pyro_sparsegp as ps
+from pyro_sparsegp.layers.group_data import GroupRows, join
+
+RECORD = Path(__file__).parent / "records" / "groups.json"
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                                                "uordblks", "fordblks", "keepcost")]
+
+
+_LIBC.mallinfo2.restype = _Mallinfo2
+
+
+def heap() -> int:
+    info = _LIBC.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def panel(G, n=4, D=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(G * n, D, generator=g) * 4 - 2
+    group = torch.arange(G).repeat_interleave(n)
+    offset = torch.randn(G, generator=g) * 0.5
+    y = torch.sin(2 * X[:, 0]) + offset[group] * X[:, 1] + 0.1 * torch.randn(G * n, generator=g)
+    return X, group, y
+
+
+def ours_steps(G, M=8, groups_per_batch=64, steps=60, sparse=True):
+    X, group, y = panel(G)
+    Z = torch.linspace(-2, 2, M).unsqueeze(-1).expand(M, 2).clone()
+    gp = ps.layers.GroupGP(pyro.contrib.gp.kernels.RBF(2), Z, G, ps.Gaussian(0.1), sparse=sparse)
+    data = GroupRows(join(X, group), y)
+    warm, marks = 10, {}
+
+    def callback(step, loss):  # after step `step`: the run's state (Adam's moments, the guard's copy) exists by now
+        if step == warm:
+            marks["t"], marks["base"], marks["peak"] = time.perf_counter(), heap(), 0
+        elif step > warm:
+            marks["peak"] = max(marks["peak"], heap() - marks["base"])
+
+    ps.infer.fit(gp, data, num_steps=warm + steps, batch_size=min(groups_per_batch, G), progress=False,
+                 callback=callback)
+    return (time.perf_counter() - marks["t"]) / steps, marks["peak"]
+
+
+def gpytorch_steps(G, M=8, groups_per_batch=64, steps=60):
+    import gpytorch
+
+    X, group, y = panel(G)
+
+    class Model(gpytorch.models.ApproximateGP):
+        def __init__(self):
+            Z = torch.linspace(-2, 2, M).unsqueeze(-1).expand(G, M, 2).clone()
+            q = gpytorch.variational.CholeskyVariationalDistribution(M, batch_shape=torch.Size([G]))
+            s = gpytorch.variational.IndependentMultitaskVariationalStrategy(
+                gpytorch.variational.VariationalStrategy(self, Z, q, learn_inducing_locations=True), num_tasks=G)
+            super().__init__(s)
+            self.mean = gpytorch.means.ZeroMean(batch_shape=torch.Size([G]))
+            self.cov = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean(x), self.cov(x))
+
+    model = Model()
+    lik = gpytorch.likelihoods.GaussianLikelihood()
+    mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=len(y))
+    opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=0.01)
+    data = GroupRows(join(X, group), y)
+    gen = torch.Generator().manual_seed(0)
+
+    def step():
+        idx = torch.randperm(len(data), generator=gen)[:min(groups_per_batch, G)]
+        rows = data.rows(idx)
+        opt.zero_grad()
+        out = model(X[rows], task_indices=group[rows])
+        loss = -mll(out, y[rows])
+        loss.backward()
+        opt.step()
+
+    for _ in range(10):
+        step()
+    base, peak = heap(), 0
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+        peak = max(peak, heap() - base)
+    return (time.perf_counter() - t) / steps, peak
+
+
+def scaling(Gs=(10, 100, 1000, 10000)):
+    torch.set_default_dtype(torch.float32)
+    rows = []
+    for G in Gs:
+        pyro.clear_param_store()
+        t_s, m_s = ours_steps(G, sparse=True)
+        t_d, m_d = ours_steps(G, sparse=False)
+        # GPyTorch evaluates all G GPs at the batch's rows: 18 s a step at G = 1,000 here, and the [G, B, B]
+        # covariances of G = 10,000 (about 3 GB in float32) are left out
+        t_g, m_g = gpytorch_steps(G, steps=5 if G >= 1000 else 30) if G <= 1000 else (float("nan"), float("nan"))
+        rows.append(dict(G=G, ours_sparse_ms=1e3 * t_s, ours_sparse_peak_kib=m_s / 1024, ours_dense_ms=1e3 * t_d,
+                         ours_dense_peak_kib=m_d / 1024, gpytorch_ms=1e3 * t_g, gpytorch_peak_kib=m_g / 1024))
+        r = rows[-1]
+        print(f"G={G:>6}: ours (sparse) {r['ours_sparse_ms']:7.2f} ms {r['ours_sparse_peak_kib']:9.0f} KiB | "
+              f"ours (dense) {r['ours_dense_ms']:7.2f} ms {r['ours_dense_peak_kib']:9.0f} KiB | "
+              f"GPyTorch {r['gpytorch_ms']:8.2f} ms {r['gpytorch_peak_kib']:9.0f} KiB", flush=True)
+    first, last = rows[0], rows[-1]
+    ratios = {k: last[k] / max(first[k], 1e-9) for k in first if k != "G" and not k.startswith("gpytorch")}
+    ratios.update({k + "_G1000": rows[-2][k] / max(first[k], 1e-9) for k in first if k.startswith("gpytorch")})
+    print("ratios G=%d / G=%d:" % (last["G"], first["G"]), {k: round(v, 2) for k, v in ratios.items()})
+    return {"rows": rows, "ratio_last_over_first": ratios}
+
+
+def main():
+    torch.set_num_threads(1)
+    pyro.settings.set(module_local_params=True)
+    record = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    if "--panel" in sys.argv:
+        from _groups_panel import run_panel
+
+        record["panel"] = run_panel()
+    else:
+        record["scaling"] = scaling()
+    record["torch"] = torch.__version__
+    RECORD.parent.mkdir(exist_ok=True)
+    RECORD.write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
