@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -142,7 +141,7 @@ def scaling(Gs=(10, 100, 1000, 10000)):
     first, last = rows[0], rows[-1]
     ratios = {k: last[k] / max(first[k], 1e-9) for k in first if k != "G" and not k.startswith("gpytorch")}
     ratios.update({k + "_G1000": rows[-2][k] / max(first[k], 1e-9) for k in first if k.startswith("gpytorch")})
-    print("ratios G=%d / G=%d:" % (last["G"], first["G"]), {k: round(v, 2) for k, v in ratios.items()})
+    print(f"ratios G={last['G']} / G={first['G']}:", {k: round(v, 2) for k, v in ratios.items()})
     return {"rows": rows, "ratio_last_over_first": ratios}
 
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 import torch
 from torch.distributions import constraints, transform_to
 
+from .. import covariances as cov
 from ..checks.inputs import as_tensor
 from ..conditionals import clamp_var
+from ..linalg import cholesky
 
-__all__ = ["GroupRows", "join", "split", "lower_cholesky", "whitened_group_marginals", "group_kl"]
+__all__ = ["GroupRows", "projection", "join", "split", "lower_cholesky", "whitened_group_marginals", "group_kl"]
 
 _TRIL = transform_to(constraints.lower_cholesky)  # Pyro's transform of a PyroParam(constraint=lower_cholesky)
 
@@ -57,6 +59,14 @@ def check_groups(group_column: torch.Tensor, num_groups: int) -> None:
         raise ValueError(f"the last column of X holds each row's group, an integer in 0..{num_groups - 1} "
                          f"(num_groups={num_groups}); found {bad}. Build the inputs with "
                          "ps.layers.groups.join(X, group) from features X [N, D] and integer groups [N]")
+
+
+def projection(inducing, kernel, X, jitter):
+    """``(A = L_uu^{-1} K_uf [..., M, R], kdiag [..., R])`` for inputs ``X [R, D]`` (Hensman 2015, eq. 19)."""
+    Kuu = cov.Kuu(inducing, kernel)
+    Luu = cholesky(Kuu, jitter, symmetrize=True)
+    Kuf = cov.Kuf(inducing, kernel, X)
+    return torch.linalg.solve_triangular(Luu, Kuf, upper=False), cov.Kdiag(kernel, X)
 
 
 def lower_cholesky(raw: torch.Tensor) -> torch.Tensor:

@@ -45,37 +45,33 @@ from __future__ import annotations
 
 import copy
 
-import pyro
 import pyro.distributions as dist
 import torch
-from pyro import poutine
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
-from .. import conditionals as cond
-from .. import covariances as cov
 from .. import inducing as ind
 from ..checks.inputs import as_tensor
-from ..context.composition import draw_hyperparameters, layer_method
-from ..context.composition import plate as joined_plate
+from ..context.composition import layer_method
 from ..context.naming import KeepsOwnName, claim_name, unique_name
 from ..likelihoods.base import check_likelihood
-from ..linalg import cholesky
 from ..variational import GaussianQ
-from .group_data import GroupRows, check_groups, group_kl, join, lower_cholesky, split, whitened_group_marginals
+from .group_data import (
+    GroupRows,
+    check_groups,
+    group_kl,
+    join,
+    lower_cholesky,
+    projection,
+    split,
+    whitened_group_marginals,
+)
+from .group_program import GroupProgram
 
 __all__ = ["GroupGP"]
 
 
-def _projection(inducing, kernel, X, jitter):
-    """``(A = L_uu^{-1} K_uf [..., M, R], kdiag [..., R])`` for inputs ``X [R, D]`` (Hensman 2015, eq. 19)."""
-    Kuu = cov.Kuu(inducing, kernel)
-    Luu = cholesky(Kuu, jitter, symmetrize=True)
-    Kuf = cov.Kuf(inducing, kernel, X)
-    return torch.linalg.solve_triangular(Luu, Kuf, upper=False), cov.Kdiag(kernel, X)
-
-
-class GroupGP(KeepsOwnName, PyroModule):
+class GroupGP(GroupProgram, KeepsOwnName, PyroModule):
     r"""``G`` GPs with a shared kernel, one per group, plus an optional population GP (module docstring).
 
     :param kernel: the groups' kernel ``k`` (a :class:`pyro.contrib.gp.kernels.Kernel`; ``PyroSample`` attributes
@@ -176,7 +172,7 @@ class GroupGP(KeepsOwnName, PyroModule):
     def _pop_qf(self, Xf):
         if self.population is None:
             return 0.0, 0.0
-        A, kdiag = _projection(self.inducing, self.population, Xf, self.jitter)
+        A, kdiag = projection(self.inducing, self.population, Xf, self.jitter)
         m, C = self.q_pop.u_loc, self.q_pop.u_scale_tril
         return whitened_group_marginals(A, kdiag, m.expand(Xf.shape[0], -1), C.expand(Xf.shape[0], -1, -1))
 
@@ -187,7 +183,7 @@ class GroupGP(KeepsOwnName, PyroModule):
         Xf, group = split(X)
         idx, pos = torch.unique(group, return_inverse=True)
         m, L = self._group_rows(idx)
-        A, kdiag = _projection(self.inducing, self.kernel, Xf, self.jitter)
+        A, kdiag = projection(self.inducing, self.kernel, Xf, self.jitter)
         loc, var = whitened_group_marginals(A, kdiag, m.index_select(0, pos), L.index_select(0, pos))
         loc0, var0 = self._pop_qf(Xf)
         return loc + loc0, var + var0, (m, L)
@@ -223,77 +219,13 @@ class GroupGP(KeepsOwnName, PyroModule):
         known = group >= 0
         check_groups(group[known].to(X.dtype), self.num_groups)
         with torch.no_grad():
-            A, kdiag = _projection(self.inducing, self.kernel, X, self.jitter)
+            A, kdiag = projection(self.inducing, self.kernel, X, self.jitter)
             m, L = self._group_rows(group.clamp_min(0))
             loc, var = whitened_group_marginals(A, kdiag, m, L)
             loc, var = torch.where(known, loc, 0.0), torch.where(known, var, kdiag)
             loc0, var0 = self._pop_qf(X)
             out = (loc + loc0, var + var0)
         return out + (self.likelihood.predictive(*out),) if full else out
-
-    # -- the Pyro program ----------------------------------------------------------------------------------------
-    def _plates(self, group, subsample_size, num_data):
-        """``(groups plate, data plate, rows [R], pos [R])``: the groups plate (``dim=-2``; drawn ``subsample_size``
-        of ``G``, or the batch's groups of ``num_data``, or all ``G``), the rows of its groups and each row's place
-        among its indices, and the data plate over those rows (``dim=-1``)."""
-        name, G = self.name, self.num_groups
-        if num_data is not None:
-            idx, pos = torch.unique(group, return_inverse=True)
-            gp = joined_plate(f"{name}.groups", num_data, dim=-2, subsample=idx)
-            rows = torch.arange(len(group), device=group.device)
-        else:
-            gp = joined_plate(f"{name}.groups", G, subsample_size=subsample_size, dim=-2, device=group.device)
-            idx = gp._indices
-            srt, perm = idx.sort()
-            rows = torch.isin(group, idx).nonzero().squeeze(-1)
-            pos = perm[torch.searchsorted(srt, group[rows])]
-        return gp, joined_plate(f"{name}.data", len(rows), dim=-1), rows, pos
-
-    def create_plates(self, X, y=None, *, subsample_size=None, num_data=None):
-        """The plates :meth:`model` opens for these arguments, drawn from this call's own ``X``: pass
-        ``create_plates=gp.create_plates`` to ``AutoGuideList`` around :meth:`model`."""
-        X, _ = self.check_inputs(X)
-        gp, data, _, _ = self._plates(split(X)[1], subsample_size, num_data)
-        return [gp, data]
-
-    def _conditional(self, Xf, pos, v, u0):
-        """``p(f | v_0, v)`` at the rows ``Xf [R, D]``: each row's group value ``v [..., g, 1, M]`` picked by
-        ``pos [R]``; a Normal of batch shape ``[..., 1, R]`` (``[R]`` without particles)."""
-        A, kdiag = _projection(self.inducing, self.kernel, Xf, self.jitter)
-        vr = v.squeeze(-2).index_select(-2, pos)  # [..., R, M]
-        loc = (vr * A.mT).sum(-1)
-        if v.dim() > 3:
-            loc = loc.unsqueeze(-2)
-        var = cond.conditional_var(kdiag, A)
-        if u0 is not None:
-            A0, k0 = _projection(self.inducing, self.population, Xf, self.jitter)
-            loc = loc + cond.conditional_loc(u0, A0)
-            var = var + cond.conditional_var(k0, A0)
-        return dist.Normal(loc, var.sqrt())
-
-    def _program(self, X, y, subsample_size, num_data, guide: bool):
-        X, y = self.check_inputs(X, y)
-        Xf, group = split(X)
-        draw_hyperparameters(self)
-        M = self.Z.shape[0]
-        out, u0 = {}, None
-        if self.population is not None:
-            q0 = self.q_pop() if guide else dist.Normal(self.Z.new_zeros(M), 1.0).to_event(1)
-            u0 = out[f"{self.name}.pop.u"] = pyro.sample(f"{self.name}.pop.u", q0)
-        gplate, data, rows, pos = self._plates(group, subsample_size, num_data)
-        with gplate as idx:
-            if guide:
-                m, L = self._group_rows(idx)
-                qv = dist.MultivariateNormal(m.unsqueeze(-2), scale_tril=L.unsqueeze(-3))
-            else:
-                qv = dist.Normal(self.Z.new_zeros(len(idx), 1, M), 1.0).to_event(1)
-            v = out[f"{self.name}.u"] = pyro.sample(f"{self.name}.u", qv)
-        scale = 1.0 if subsample_size is None and num_data is None else gplate.size / gplate.subsample_size
-        with poutine.scale(scale=scale), data:
-            f = out[f"{self.name}.f"] = pyro.sample(f"{self.name}.f", self._conditional(Xf[rows], pos, v, u0))
-            if not guide and self.likelihood is not None:
-                self.likelihood(f, None if y is None else y[rows], prefix=self.name)
-        return out
 
     @layer_method
     def model(self, X, y=None, *, subsample_size=None, num_data=None):

@@ -102,6 +102,7 @@ Zimg = X[:4].clone()
     "docs/tutorials.md": {0: f"import os\nos.chdir({str(ROOT)!r})\n"},  # the page reads tutorials/ from the root
     "docs/index.md": {},
     "docs/saving.md": {},
+    "docs/groups.md": {},
     "docs/gpu.md": {  # torchrun's environment for a world of one process (gloo on the CPU), on a free port
         3: """
 import os, socket

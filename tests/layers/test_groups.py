@@ -41,6 +41,11 @@ def _layer(name="ggp", **kw):
     return gp
 
 
+def _tril(gp):
+    return torch.distributions.transform_to(torch.distributions.constraints.lower_cholesky)(
+        gp.q_tril.unflatten(-1, (M, M)))
+
+
 def _dense_q(kernel, Z, X, m, S):
     """q(f) marginals of a whitened q(v) = N(m, S) by dense solves (not the layer's triangular algebra)."""
     Kzz = kernel(Z) + 1e-10 * torch.eye(len(Z))
@@ -55,7 +60,7 @@ def _dense_q(kernel, Z, X, m, S):
 
 def _dense_bound(gp, X, group, y):
     Z = gp.Z.detach()
-    L = torch.distributions.transform_to(torch.distributions.constraints.lower_cholesky)(gp.q_tril.unflatten(-1, (M, M)))
+    L = _tril(gp)
     S0 = gp.q_pop.u_scale_tril @ gp.q_pop.u_scale_tril.mT
     m0, v0 = _dense_q(gp.population, Z, X, gp.q_pop.u_loc, S0)
     total = -torch.distributions.kl_divergence(dist.MultivariateNormal(gp.q_pop.u_loc, S0),
@@ -107,7 +112,7 @@ def test_predict_for_known_and_new_groups_against_dense_algebra():
     gp = _layer()
     Xs, gs = torch.linspace(-1.5, 1.5, 4).unsqueeze(-1), torch.tensor([2, 0, -1, 3])
     mean, var = gp.predict(Xs, gs)
-    L = torch.distributions.transform_to(torch.distributions.constraints.lower_cholesky)(gp.q_tril.unflatten(-1, (M, M)))
+    L = _tril(gp)
     with torch.no_grad():
         m0, v0 = _dense_q(gp.population, gp.Z, Xs, gp.q_pop.u_loc, gp.q_pop.u_scale_tril @ gp.q_pop.u_scale_tril.mT)
         for i, k in enumerate(gs.tolist()):
@@ -115,7 +120,8 @@ def test_predict_for_known_and_new_groups_against_dense_algebra():
                 mg, vg = torch.zeros(1), gp.kernel(Xs[i:i + 1], diag=True)
             else:
                 mg, vg = _dense_q(gp.kernel, gp.Z, Xs[i:i + 1], gp.q_loc[k], L[k] @ L[k].mT)
-            assert torch.allclose(mean[i], m0[i] + mg[0], atol=1e-6) and torch.allclose(var[i], v0[i] + vg[0], atol=1e-6)
+            assert torch.allclose(mean[i], m0[i] + mg[0], atol=1e-6)
+            assert torch.allclose(var[i], v0[i] + vg[0], atol=1e-6)
     new_mean, new_var = gp.predict(Xs)  # group=None: every row a new group
     assert torch.allclose(new_mean[2], mean[2]) and torch.allclose(new_var[2], var[2])
     assert torch.allclose(gp.predict(join(Xs[:2], gs[:2]))[0], mean[:2])  # the joined layout reads the group column
