@@ -10,7 +10,8 @@ GPyTorch: ``ApproximateGP`` with ``VariationalStrategy`` of ``batch_shape=[G]`` 
 rows with ``task_indices`` (each row's own GP picked from all ``G``), ``VariationalELBO`` with
 ``num_data = N``, Adam. Both in float32 on one thread.
 
-(b) NOT WRITTEN YET (planned, ``python benchmarks/groups.py --panel``): ``lme4::sleepstudy`` (18 subjects x 10 days, reaction time),
+(b) NOT WRITTEN YET (planned, ``python benchmarks/groups.py --panel``):
+``lme4::sleepstudy`` (18 subjects x 10 days, reaction time),
 the last 3 days of every subject held out, 3 seeds: test NLPD per row of ours (population + group GPs), independent
 exact GPs per subject (ML-II), a linear mixed model (random intercept and slope, ML, closed form per subject) and
 GPyTorch's batch-independent model (one GP per subject, shared nothing).
