@@ -12,14 +12,14 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro import poutine
-from pyro.poutine.util import site_is_subsample
 from pyro.contrib.gp.kernels import RBF, Matern32
 from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoGuideList, AutoNormal
 from pyro.nn import PyroSample
+from pyro.poutine.util import site_is_subsample
 
 import pyro_sparsegp as ps
-from pyro_sparsegp.layers.group_data import GroupRows, join
+from pyro_sparsegp.layers.group_data import GroupRows, group_kl, join
 
 G, N_PER, M, NOISE = 4, 3, 5, 0.2
 
@@ -164,7 +164,6 @@ def test_pyro_program_estimates_the_closed_form_and_composes():
     se = draws.std().item() / math.sqrt(n)  # the SE from n iid draws (about 1.1 here)
     # a 4-SE test: it detects a bias above 4 SE, e.g. the groups' KL without its G/g = 2 scale (a shift of the
     # batch's KL, about 6.8 here, asserted below) or the rows' likelihood without it (about 100)
-    from pyro_sparsegp.layers.group_data import group_kl
     assert 4 * se < group_kl(*gp._group_rows(torch.tensor([0, 3]))).sum().item()
     assert abs(draws.mean().item() - exact) < 4 * se
     # the conditional p(f | v_0, v) that both programs sample, against dense algebra at the guide's draws (exact:
