@@ -225,7 +225,7 @@ class GroupGP(GroupProgram, KeepsOwnName, PyroModule):
             loc, var = torch.where(known, loc, 0.0), torch.where(known, var, kdiag)
             loc0, var0 = self._pop_qf(X)
             out = (loc + loc0, var + var0)
-        return out + (self.likelihood.predictive(*out),) if full else out
+            return out + (self.likelihood.predictive(*out),) if full else out
 
     @layer_method
     def model(self, X, y=None, *, subsample_size=None, num_data=None):
