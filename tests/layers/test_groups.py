@@ -124,6 +124,8 @@ def test_predict_for_known_and_new_groups_against_dense_algebra():
                 mg, vg = _dense_q(gp.kernel, gp.Z, Xs[i:i + 1], gp.q_loc[k], L[k] @ L[k].mT)
             assert torch.allclose(mean[i], m0[i] + mg[0], atol=1e-6)
             assert torch.allclose(var[i], v0[i] + vg[0], atol=1e-6)
+    _, _, pred = gp.predict(Xs, gs, full=True)  # y*: the noise added, a distribution without gradients
+    assert torch.allclose(pred.scale**2, var + NOISE) and not pred.scale.requires_grad
     new_mean, new_var = gp.predict(Xs)  # group=None: every row a new group
     assert torch.allclose(new_mean[2], mean[2]) and torch.allclose(new_var[2], var[2])
     assert torch.allclose(gp.predict(join(Xs[:2], gs[:2]))[0], mean[:2])  # the joined layout reads the group column
