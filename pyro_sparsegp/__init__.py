@@ -25,7 +25,7 @@ from .checks import ModelShapeError, check_model
 from .deploy import export
 from .inducing import IndexedInducingPatches, InducingPatches, InducingPoints, InducingSum
 from .kernels import TICK, ConvKernel, SumKernel
-from .layers import GPLVM, ODVGP, SOLVEGP, SVGP, ConvLayer, DeepConvGP, DeepGP
+from .layers import GPLVM, ODVGP, SOLVEGP, SVGP, ConvLayer, DeepConvGP, DeepGP, GroupGP
 from .likelihoods import (
     Bernoulli,
     Beta,
@@ -52,6 +52,7 @@ __all__ = [
     "ODVGP",
     "DeepGP",
     "GPLVM",
+    "GroupGP",
     "ConvKernel",
     "TICK",
     "InducingPoints",

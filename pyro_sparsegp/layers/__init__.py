@@ -11,6 +11,9 @@ strategy (:mod:`pyro_sparsegp.variational`).
   convolutional hidden layers and the deep convolutional GP, a ``DeepGP``.
 * :class:`GPLVM` (:mod:`~pyro_sparsegp.layers.gplvm`): the Bayesian GPLVM (Titsias and Lawrence 2010) on minibatches,
   with a per-point or an amortised (encoder) guide and inference of ``q(x*)`` for new rows.
+* :class:`GroupGP` (:mod:`~pyro_sparsegp.layers.groups`): a GP per group with a shared kernel beside a population
+  GP, groups subsampled, a step's cost independent of the number of groups (data side:
+  :mod:`~pyro_sparsegp.layers.group_data`).
 """
 
 from ..context.naming import ParamStoreWarning
@@ -18,9 +21,10 @@ from .base import LayerData, UntrainableWarning, as_inputs
 from .conv import ConvLayer, DeepConvGP
 from .deep import DeepGP
 from .gplvm import GPLVM
+from .groups import GroupGP
 from .odvgp import ODVGP
 from .solvegp import SOLVEGP, OrthogonalInputs
 from .svgp import SVGP
 
-__all__ = ["SVGP", "GPLVM", "SOLVEGP", "ODVGP", "DeepGP", "ConvLayer", "DeepConvGP", "OrthogonalInputs", "LayerData",
-           "as_inputs", "UntrainableWarning", "ParamStoreWarning"]
+__all__ = ["SVGP", "GPLVM", "GroupGP", "SOLVEGP", "ODVGP", "DeepGP", "ConvLayer", "DeepConvGP", "OrthogonalInputs",
+           "LayerData", "as_inputs", "UntrainableWarning", "ParamStoreWarning"]

@@ -104,6 +104,7 @@ Zimg = X[:4].clone()
     "docs/index.md": {},
     "docs/saving.md": {},
     "docs/deployment.md": {},
+    "docs/groups.md": {},
     "docs/gpu.md": {  # torchrun's environment for a world of one process (gloo on the CPU), on a free port
         3: """
 import os, socket

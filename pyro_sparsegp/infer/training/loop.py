@@ -129,6 +129,8 @@ def fit(
     :raises NonFiniteLossError: on a numerical failure, after restoring the last good parameters; it names the step.
     """
     policy, files = as_policy(natgrad), as_checkpoint(checkpoint)
+    if hasattr(module, "fit_data"):  # a module that draws its own units (GroupGP: whole groups) makes the dataset
+        X, y = module.fit_data(X, y)
     X, dataset, loader = split_data(X, y)
     data = dict(X=X, y=y, dataset=dataset, loader=loader, num_data=num_data)
     options = dict(num_steps=num_steps, batch_size=batch_size, lr=lr, natgrad_lr=policy.lr, elbo=elbo, seed=seed,

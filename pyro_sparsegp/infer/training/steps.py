@@ -88,6 +88,43 @@ class _TorchOptim(PyroOptim):
         self.optimizer.load_state_dict(state_dict)
 
 
+class _Adam(torch.optim.Adam):
+    """``torch.optim.Adam`` that also takes sparse gradients (a :class:`~pyro_sparsegp.layers.groups.GroupGP` with
+    ``sparse=True``): such a parameter takes the lazy step of ``torch.optim.SparseAdam`` (the moments and values of
+    the rows in the gradient only, bias-corrected by the parameter's own step count), the others Adam's step; one
+    optimiser, so its ``state_dict`` (Adam's layout) is what checkpoints hold. Parameters of any shape ``[G, ...]``."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        held = []
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None or not p.grad.is_sparse:
+                    continue
+                grad = p.grad.coalesce()
+                held.append((p, p.grad))
+                p.grad = None  # Adam's step below skips it
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                rows, values = grad.indices()[0], grad.values()
+                m = state["exp_avg"][rows].mul_(beta1).add_(values, alpha=1 - beta1)
+                v = state["exp_avg_sq"][rows].mul_(beta2).addcmul_(values, values, value=1 - beta2)
+                state["exp_avg"][rows], state["exp_avg_sq"][rows] = m, v
+                t = state["step"].item()
+                step_size = group["lr"] * (1 - beta2**t) ** 0.5 / (1 - beta1**t)
+                p.index_add_(0, rows, m / (v.sqrt() + group["eps"]), alpha=-step_size)
+        try:
+            return super().step(closure)
+        finally:
+            for p, grad in held:
+                p.grad = grad
+
+
 class TrainingStep:
     """The step of one ``fit`` run over ``module``: the objective (``elbo="analytic"``: minus
     ``module.analytic_elbo``; else a Pyro ELBO's ``differentiable_loss`` of ``model``/``guide``, both on
@@ -121,7 +158,7 @@ class TrainingStep:
         if self.noise_lik is not None:
             nat_ids.add(id(self.noise_lik.noise_unconstrained))
         self.params, self.lr = list(module.parameters()), lr
-        self.optimizer = torch.optim.Adam([p for p in self.params if id(p) not in nat_ids], lr=lr)
+        self.optimizer = _Adam([p for p in self.params if id(p) not in nat_ids], lr=lr)
         adam = self.adam = _TorchOptim(self.optimizer)
         self.plan.start(families or self.plan.families(), self.noise_lik or noise_natgrad_likelihood(module),
                         natgrad_lr)
@@ -164,7 +201,7 @@ class TrainingStep:
 
     def grads(self) -> list:
         """The gradients of the last :meth:`gradients` (tensors of the parameters' shapes; ``None`` s left out)."""
-        return [p.grad for p in self.params if p.grad is not None]
+        return [p.grad._values() if p.grad.is_sparse else p.grad for p in self.params if p.grad is not None]
 
     def update(self, yb, context, step: int = 0) -> None:
         """The update of step ``step`` from the gradients (module docstring), inside ``context()``; ``yb [B, ...]``
