@@ -45,15 +45,17 @@ def problems(model_trace, guide_trace, layers: dict) -> list[tuple[str, str]]:
     traces = [t for t in (model_trace, guide_trace) if t is not None]
     plates = plates_of(traces)
     nesting = max((-f.dim for f in plates.values()), default=0)
+    enumerated = {s["infer"]["_enumerate_dim"] for t in traces for s in t.nodes.values()
+                  if s["type"] == "sample" and s["infer"].get("_enumerate_dim") is not None}
     out, seen = [], set()
     for kind, trace in (("model", model_trace), ("guide", guide_trace)):
         for name, site in (trace.nodes.items() if trace is not None else ()):
             if not _checked(site) or name in seen:
                 continue
             observed = site["is_observed"] and kind == "model"
-            line = _batch(name, site, plates, nesting, kind)
+            line = _batch(name, site, plates, nesting, kind, enumerated)
             if line is None and observed:
-                line = _count(name, site)
+                line = _count(name, site, enumerated)
             lines = [line, _unscaled(name, site, plates) if observed else None]
             out += [(name, x) for x in lines if x]
             seen.update([name] if line else [])
@@ -63,15 +65,16 @@ def problems(model_trace, guide_trace, layers: dict) -> list[tuple[str, str]]:
     return out
 
 
-def _batch(name: str, site, plates: dict, nesting: int, kind: str) -> str | None:
-    """A site's batch dimensions: size 1 left of the program's plate nesting (particles included) and, inside it,
-    where no plate of the site covers the dimension; the plate's (minibatch) size where one does."""
+def _batch(name: str, site, plates: dict, nesting: int, kind: str, enumerated=frozenset()) -> str | None:
+    """A site's batch dimensions: size 1 left of the program's plate nesting (particles included; not at the
+    dimensions of ``enumerated`` sites, as ``TraceEnum_ELBO`` puts them) and, inside it, where no plate of the site
+    covers the dimension; the plate's (minibatch) size where one does."""
     fn = site["fn"]
     batch, covered = tuple(fn.batch_shape), {f.dim: f for f in _frames(site)}
     expected, reasons = list(batch), []
     for d in range(-len(batch), 0):
         n, f = batch[d], covered.get(d)
-        if d < -nesting and n > 1:
+        if d < -nesting and n > 1 and d not in enumerated:
             expected[d] = 1
             reasons.append(f"dim {d} (size {n}) is left of the program's plates{_and_particles(plates)} (they reach "
                            f"dim {-nesting}){_repeated(site, d, n)}; " + _left_hint(d, n, plates))
@@ -152,9 +155,9 @@ def _hint(d: int, n: int, plates: dict, event_dims: int, observed: bool = True) 
             "(.to_event(1))")
 
 
-def _count(name: str, site) -> str | None:
-    """An observed site's log-probability terms per particle (its batch shape broadcast with the observed value's)
-    against the product of its plates' sizes: one term per observation."""
+def _count(name: str, site, enumerated=frozenset()) -> str | None:
+    """An observed site's log-probability terms per particle (its batch shape broadcast with the observed value's,
+    enumerated dimensions left out) against the product of its plates' sizes: one term per observation."""
     fn, value = site["fn"], site["value"]
     if not torch.is_tensor(value):
         return None
@@ -166,7 +169,7 @@ def _count(name: str, site) -> str | None:
     frames = _frames(site)
     particles = math.prod(f.size for f in frames if f.name == PARTICLES)
     due = math.prod(f.size for f in frames if f.name != PARTICLES)
-    terms = math.prod(shape) / particles
+    terms = math.prod(n for d, n in zip(range(-len(shape), 0), shape, strict=True) if d not in enumerated) / particles
     if terms == due:
         return None
     expected = [1] * max([-f.dim for f in frames] or [0])

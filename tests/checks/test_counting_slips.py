@@ -218,3 +218,18 @@ def test_a_latent_site_with_an_undeclared_dimension_raises():
     with pytest.raises(ps.ModelShapeError, match=r"site 'v': batch shape \(3, 6\), expected \(1, 6\).*dim -2 "
                                                  r"\(size 3\) belongs to no plate"):
         ps.check_model(model, guide, elbo=Trace_ELBO())
+
+
+def test_enumerated_dimensions_are_not_slips():
+    """TraceEnum_ELBO puts an enumerated site's values left of the plates (here dim -2 of y's batch, 3 values of z):
+    the first-step check of NaturalGradient, which reads SVI's traces, leaves those dimensions alone."""
+    from pyro_sparsegp.checks.program import check_traces
+
+    def model():
+        z = pyro.sample("z", dist.Categorical(torch.ones(3) / 3), infer={"enumerate": "parallel"})
+        with pyro.plate("data", 5):
+            pyro.sample("y", dist.Normal(torch.tensor([0.0, 1.0, 2.0])[z], 1.0), obs=torch.zeros(5))
+
+    trace = poutine.trace(poutine.enum(model, first_available_dim=-2)).get_trace()
+    assert trace.nodes["y"]["fn"].batch_shape == (3, 5)
+    assert check_traces(trace, poutine.trace(lambda: None).get_trace()) is None
