@@ -2,19 +2,29 @@ r"""Shape mistakes are loud: :func:`check_model` traces a program around the lay
 :class:`ModelShapeError` where the ELBO would count the data wrongly.
 
 Pyro's own check (``pyro.util.check_site_shape``) accepts any size at a batch dimension inside
-``max_plate_nesting`` that no plate of the site covers. With a layer's outputs plate (``dim=-2``) and 8 vectorised
-particles (their plate at ``dim=-3``), a one-output layer's ``f`` is ``[8, 1, B]``; ``f.squeeze()`` is ``[8, B]``, and
-the observed ``y`` under the particle plate gets the batch shape ``[8, 8, B]``: every observation counted 8 times,
-with no error. The rules checked here, on the traces of the guide and of the model replayed on it:
+``max_plate_nesting`` that no plate of the site covers, and ignores every dimension left of it. With a layer's
+outputs plate (``dim=-2``) and 8 vectorised particles (their plate at ``dim=-3``), a one-output layer's ``f`` is
+``[8, 1, B]``; ``f.squeeze()`` is ``[8, B]``, and the observed ``y`` under the particle plate gets the batch shape
+``[8, 8, B]``; ``f.unsqueeze(-2)`` is ``[8, 1, 1, B]``, and ``y`` beside a two-output layer's ``[8, 2, B]`` gets
+``[8, 8, 1, B]``: every observation counted 8 times, with no error. The rules checked here, on the traces of the guide
+and of the model replayed on it (``docs/writing_programs.md`` has an example of each):
 
-* an **observed site** (``obs=``) has size 1 at every batch dimension inside the program's plate nesting that no plate
-  of the site covers, and its plate's (minibatch) size at every covered one;
+* **every sample site** (observed or latent, of the model and of the guide; not Pyro's subsample sites) has size 1 at
+  every batch dimension left of the program's plate nesting, its particle plate included (an ``unsqueeze`` or
+  ``expand`` that added a dimension on the left), and, inside the nesting, size 1 at every dimension that no plate of
+  the site covers and its plate's (minibatch) size at every covered one;
+* an **observed site** has one log-probability term per element of its plates: its batch shape broadcast with the
+  observed value's, per particle, against the product of its plates' sizes (an observed value with more dimensions
+  than the distribution; checked where the shape rule found nothing, so that one mistake gives one line);
 * an observed site with a subsampled plate's minibatch size ``B < N`` along that plate's dimension is in a subsampled
   plate, or scaled otherwise: the minibatch estimate of the likelihood is scaled by ``N / B`` (Hensman, Fusi,
   Lawrence 2013, section 3.1);
 * a **layer's sites** stand where the site contract puts them (``docs/conventions.md``): ``<name>.f`` (and
   ``<name>.f_perp``) under a plate at ``dim=-1`` (the layer's data plate or the user's own), the inducing sites
   ``<name>.u`` (``<name>.v``) in none.
+
+Each problem is one line, ``site 'y': batch shape (...), expected (...) (...): <reason>; <fix>``. What no shape can
+show is not caught: two dimensions of one size transposed, particles as many as a plate's size, a wrong factor.
 
 **Automatic checks.** ``ps.infer.fit`` calls :func:`check_model` once, before its first step, when it trains with a
 Pyro ELBO. :class:`~pyro_sparsegp.infer.NaturalGradient` is given no model: every layer's ``sample_u`` (its

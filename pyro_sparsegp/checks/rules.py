@@ -1,8 +1,10 @@
 """The rules of :mod:`pyro_sparsegp.checks.program`, read from Pyro traces: each returns the lines of its problems.
-Sites' batch shapes ``[..., L, B]`` are read, never their values; the scale rule is the minibatch estimate of Hensman,
-Fusi, Lawrence 2013, section 3.1."""
+Sites' batch shapes ``[..., L, B]`` are read, never their values (only their shapes); the scale rule is the minibatch
+estimate of Hensman, Fusi, Lawrence 2013, section 3.1."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from pyro.poutine.subsample_messenger import _Subsample
@@ -29,67 +31,111 @@ def plates_of(traces) -> dict:
     return out
 
 
+def _checked(site) -> bool:
+    """A sample site whose log-probability enters the ELBO (not a subsample site nor ``pyro.deterministic``)."""
+    return (site["type"] == "sample" and not isinstance(site["fn"], _Subsample)
+            and not site["infer"].get("_deterministic"))
+
+
 def problems(model_trace, guide_trace, layers: dict) -> list[tuple[str, str]]:
-    """``(site, line)`` for every problem of the program (model trace and the guide trace it replayed): the sites'
-    batch shapes ``[..., L, B]`` against their plates, and the scale of a minibatch (Hensman, Fusi, Lawrence 2013,
-    section 3.1)."""
+    """``(site, line)`` for every problem of the program (model trace and the guide trace it replayed): every sample
+    site's batch shape ``[..., L, B]`` against its plates and the particles, the number of log-probability terms of an
+    observed site against its plates' sizes, the scale of a minibatch (Hensman, Fusi, Lawrence 2013, section 3.1)
+    and the places of the layers' sites."""
     traces = [t for t in (model_trace, guide_trace) if t is not None]
     plates = plates_of(traces)
     nesting = max((-f.dim for f in plates.values()), default=0)
-    out = []
-    for name, site in model_trace.nodes.items():
-        if (site["type"] != "sample" or not site["is_observed"] or isinstance(site["fn"], _Subsample)
-                or site["infer"].get("_deterministic")):
-            continue
-        for line in (_observed(name, site, plates, nesting), _unscaled(name, site, plates)):
-            if line:
-                out.append((name, line))
+    enumerated = {s["infer"]["_enumerate_dim"] for t in traces for s in t.nodes.values()
+                  if s["type"] == "sample" and s["infer"].get("_enumerate_dim") is not None}
+    out, seen = [], set()
+    for kind, trace in (("model", model_trace), ("guide", guide_trace)):
+        for name, site in (trace.nodes.items() if trace is not None else ()):
+            if not _checked(site) or name in seen:
+                continue
+            observed = site["is_observed"] and kind == "model"
+            line = _batch(name, site, plates, nesting, kind, enumerated)
+            if line is None and observed:
+                line = _count(name, site, enumerated)
+            lines = [line, _unscaled(name, site, plates) if observed else None]
+            out += [(name, x) for x in lines if x]
+            seen.update([name] if line else [])
     for kind, trace in (("model", model_trace), ("guide", guide_trace)):
         if trace is not None:
             out += _layer_sites(trace, layers, kind)
     return out
 
 
-def _observed(name: str, site, plates: dict, nesting: int) -> str | None:
-    """An observed site's batch dimensions inside the plate nesting: size 1 where no plate covers it, the plate's
-    (minibatch) size where one does."""
+def _batch(name: str, site, plates: dict, nesting: int, kind: str, enumerated=frozenset()) -> str | None:
+    """A site's batch dimensions: size 1 left of the program's plate nesting (particles included; not at the
+    dimensions of ``enumerated`` sites, as ``TraceEnum_ELBO`` puts them) and, inside it, where no plate of the site
+    covers the dimension; the plate's (minibatch) size where one does."""
     fn = site["fn"]
     batch, covered = tuple(fn.batch_shape), {f.dim: f for f in _frames(site)}
     expected, reasons = list(batch), []
-    for d in range(-min(len(batch), nesting), 0):
+    for d in range(-len(batch), 0):
         n, f = batch[d], covered.get(d)
-        if f is None and n > 1:
+        if d < -nesting and n > 1 and d not in enumerated:
+            expected[d] = 1
+            reasons.append(f"dim {d} (size {n}) is left of the program's plates{_and_particles(plates)} (they reach "
+                           f"dim {-nesting}){_repeated(site, d, n)}; " + _left_hint(d, n, plates))
+        elif d >= -nesting and f is None and n > 1:
             expected[d] = 1
             reasons.append(f"dim {d} (size {n}) belongs to no plate of the site{_repeated(site, d, n)}; "
-                           + _hint(d, n, plates, len(fn.event_shape)))
+                           + _hint(d, n, plates, len(fn.event_shape), site["is_observed"]))
         elif f is not None and n != f.size:
             expected[d] = f.size
             minibatch = f" (a minibatch of {f.full_size})" if f.size < f.full_size else ""
-            reasons.append(f"dim {d} has size {n} but its plate {f.name!r} has size {f.size}{minibatch}: observe "
-                           "the plate's rows, y[idx] with the indices the plate yields")
+            rows = ("observe the plate's rows, y[idx] with the indices the plate yields" if site["is_observed"] else
+                    "sample one value per index of the plate, loc[idx] with the indices the plate yields")
+            reasons.append(f"dim {d} has size {n} but its plate {f.name!r} has size {f.size}{minibatch}: {rows}")
     if not reasons:
         return None
-    return (f"site {name!r}: batch shape {batch}, expected {tuple(expected)} (the program's plates reach dim "
+    while len(expected) > nesting and expected[0] == 1:  # dimensions left of the plates are not due at all
+        expected.pop(0)
+    which = "" if kind == "model" else " (guide)"
+    return (f"site {name!r}{which}: batch shape {batch}, expected {tuple(expected)} (the program's plates reach dim "
             f"{-nesting}): " + "; ".join(reasons))
 
 
+def _and_particles(plates: dict) -> str:
+    return " and particles" if PARTICLES in plates else ""
+
+
 def _repeated(site, d: int, n: int) -> str:
-    """Whether the observed value itself has dimension ``d`` of the batch (else it is broadcast: counted ``n``
+    """Whether the site's value itself has dimension ``d`` of the batch (else it is broadcast: counted ``n``
     times)."""
     value, event = site["value"], len(site["fn"].event_shape)
     shape = tuple(value.shape)[: value.dim() - event] if torch.is_tensor(value) else ()
     if len(shape) < -d or shape[d] == 1:
-        return f", and the observed value (shape {tuple(getattr(value, 'shape', ()))}) lacks it: each observation " \
-               f"is counted {n} times"
+        what = "observed value" if site["is_observed"] else "value"
+        return f", and the {what} (shape {tuple(getattr(value, 'shape', ()))}) lacks it: each term is counted {n} " \
+               "times"
     return ""
 
 
-def _hint(d: int, n: int, plates: dict, event_dims: int) -> str:
-    """The likely fix for an uncovered dimension ``d`` of size ``n``."""
+def _left_hint(d: int, n: int, plates: dict) -> str:
+    """The likely fix for a dimension ``d`` of size ``n`` left of the plates and particles."""
+    particles = plates.get(PARTICLES)
+    if particles is None:
+        return (f"the ELBO sums over it: an unsqueeze or expand added a dimension left of the plates. Remove it, or "
+                f"declare it with a plate, pyro.plate('name', {n}, dim={d}) (and max_plate_nesting={-d} if you set "
+                "it), or move it into the event shape (.to_event(1))")
+    same = (f"; it has the size of the {n} vectorised particles: particles broadcast against particles"
+            if n == particles.size else "")
+    return (f"an unsqueeze or expand added a dimension left of the particle dimension (plate {PARTICLES!r} at dim "
+            f"{particles.dim}){same}. Keep f's layout [particles, (L,) B] as the layer returns it (its plates' "
+            "singletons included): broadcasting lines a one-output f up with an [..., L, B] from the right, so it "
+            "needs no f.unsqueeze(-2), f[..., None, :] or expand to a new left dimension; never squeeze or unsqueeze "
+            "across the particle dimension")
+
+
+def _hint(d: int, n: int, plates: dict, event_dims: int, observed: bool = True) -> str:
+    """The likely fix for an uncovered dimension ``d`` of size ``n`` inside the plate nesting."""
+    verb = "observe y" if observed else "sample it"
     particles = plates.get(PARTICLES)
     outputs = [f.name[: -len(".outputs")] for f in plates.values() if f.name.endswith(".outputs") and f.dim == d]
-    inside = (f"observe y inside the outputs plate of layer {outputs[0]!r} (with layer.outputs_plate(): ...)"
-              if outputs else f"observe y inside a plate at dim {d}")
+    inside = (f"{verb} inside the outputs plate of layer {outputs[0]!r} (with layer.outputs_plate(): ...)"
+              if outputs else f"{verb} inside a plate at dim {d}")
     if particles is not None and particles.size == n and d > particles.dim:
         moved = (f"it has the size of the {n} vectorised particles, whose plate is at dim {particles.dim}: the "
                  "particle dimension has moved right")
@@ -104,9 +150,36 @@ def _hint(d: int, n: int, plates: dict, event_dims: int) -> str:
     if same:
         where = (f" (with layer.outputs_plate(): ... for layer {same[0].name[: -len('.outputs')]!r})"
                  if same[0].name.endswith(".outputs") else "")
-        return f"observe it inside plate {same[0].name!r} (dim {d}, size {n}){where}"
+        return f"{verb.split()[0]} it inside plate {same[0].name!r} (dim {d}, size {n}){where}"
     return (f"declare that dimension with a plate, pyro.plate('name', {n}, dim={d}), or move it into the event shape "
             "(.to_event(1))")
+
+
+def _count(name: str, site, enumerated=frozenset()) -> str | None:
+    """An observed site's log-probability terms per particle (its batch shape broadcast with the observed value's,
+    enumerated dimensions left out) against the product of its plates' sizes: one term per observation."""
+    fn, value = site["fn"], site["value"]
+    if not torch.is_tensor(value):
+        return None
+    batch, event = tuple(fn.batch_shape), len(fn.event_shape)
+    try:
+        shape = tuple(torch.broadcast_shapes(batch, value.shape[: value.dim() - event]))
+    except RuntimeError:
+        return None
+    frames = _frames(site)
+    particles = math.prod(f.size for f in frames if f.name == PARTICLES)
+    due = math.prod(f.size for f in frames if f.name != PARTICLES)
+    terms = math.prod(n for d, n in zip(range(-len(shape), 0), shape, strict=True) if d not in enumerated) / particles
+    if terms == due:
+        return None
+    expected = [1] * max([-f.dim for f in frames] or [0])
+    for f in frames:
+        expected[f.dim] = f.size
+    names = ", ".join(f"{f.name!r} ({f.size})" for f in frames if f.name != PARTICLES) or "none"
+    return (f"site {name!r}: batch shape {shape} (the distribution's {batch} broadcast with the observed value, shape "
+            f"{tuple(value.shape)}), expected {tuple(expected)}: {terms:g} log-probability terms per particle where "
+            f"its plates ({names}) give {due}; observe a value of the plates' shape (y[idx], with the indices the "
+            "plate yields), not one with more or larger dimensions than the distribution's batch")
 
 
 def _unscaled(name: str, site, plates: dict) -> str | None:
