@@ -50,17 +50,23 @@ class GroupProgram:
 
     def _conditional(self, Xf, pos, v, u0):
         """``p(f | v_0, v)`` at the rows ``Xf [R, D]``: each row's group value ``v [..., g, 1, M]`` picked by
-        ``pos [R]``; a Normal of batch shape ``[..., 1, R]`` (``[R]`` without particles)."""
+        ``pos [R]``; a Normal of batch shape ``[..., 1, R]`` (``[R]`` without particles). Draws made outside the
+        plates under vectorised particles (``v_0 [P, 1, 1, M]``, a ``PyroSample`` hyperparameter's ``[P, 1, 1]`` and the
+        projections made from it) lose their singletons first, so that their particle dimension meets ``v``'s and
+        never another particle dimension (the program checker's "particles broadcast against particles")."""
         A, kdiag = projection(self.inducing, self.kernel, Xf, self.jitter)
-        vr = v.squeeze(-2).index_select(-2, pos)  # [..., R, M]
-        loc = (vr * A.mT).sum(-1)
-        if v.dim() > 3:
-            loc = loc.unsqueeze(-2)
+        A, kdiag = _outside_plates(A, 2), _outside_plates(kdiag, 1)  # [(P,) M, R], [(P,) R]
+        vr = v.squeeze(-2).index_select(-2, pos)  # [(P,) R, M]
+        loc = (vr * A.mT).sum(-1)  # [(P,) R]
         var = cond.conditional_var(kdiag, A)
         if u0 is not None:
             A0, k0 = projection(self.inducing, self.population, Xf, self.jitter)
-            loc = loc + cond.conditional_loc(u0, A0)
+            A0, k0 = _outside_plates(A0, 2), _outside_plates(k0, 1)
+            loc = loc + (_outside_plates(u0, 1).unsqueeze(-2) @ A0).squeeze(-2)
             var = var + cond.conditional_var(k0, A0)
+        loc, var = torch.broadcast_tensors(loc, var)
+        if loc.dim() > 1:  # particles: [P, R] -> [P, 1, R], the groups plate's singleton at dim -2
+            loc, var = loc.unsqueeze(-2), var.unsqueeze(-2)
         return dist.Normal(loc, var.sqrt())
 
     def _program(self, X, y, subsample_size, num_data, guide: bool):
@@ -87,3 +93,15 @@ class GroupProgram:
                 self.likelihood(f, None if y is None else y[rows], prefix=self.name)
         return out
 
+
+
+def _outside_plates(t: torch.Tensor, event: int) -> torch.Tensor:
+    """``t [..., *event]`` computed from values drawn outside the groups and data plates (a ``v_0``, a hyperparameter
+    and what a kernel makes of it), whose batch dimensions are the particles' and singletons (``[P, 1, 1]``,
+    ``[P, 1]``, ... as the kernel broadcasts), as ``[P, *event]``; without particles ``[*event]``."""
+    batch = t.shape[: t.dim() - event]
+    sized = [n for n in batch if n != 1]
+    if len(sized) > 1:
+        raise ValueError(f"GroupGP: a value drawn outside the plates has batch shape {tuple(batch)}: more than the "
+                         "particles' dimension (is a hyperparameter's prior batched? give it .to_event())")
+    return t.reshape(tuple(sized) + t.shape[t.dim() - event :])
