@@ -79,7 +79,8 @@ PACKAGES = {
     "covariances": ["tests/covariances", "tests/kernels"],
     "bounds": ["tests/bounds", "tests/layers", "tests/likelihoods"],
     "kernels": ["tests/kernels", "tests/covariances"],
-    "variational": ["tests/variational", "tests/layers"],
+    # tests/deploy: the strategies' predictive_terms (the constants an exported prediction is built from)
+    "variational": ["tests/variational", "tests/layers", "tests/deploy"],
     "likelihoods": ["tests/likelihoods"],
     "infer/natgrad": ["tests/infer/natgrad"],
     # the layers' Pyro-program paths (PyroSample hyperpriors, autoguides, user plates, subsampling) are tested in
