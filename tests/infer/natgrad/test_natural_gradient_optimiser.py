@@ -428,5 +428,6 @@ def test_with_num_obs_the_noise_takes_fits_fisher_step(store):
     for got, want in zip(runs["optim"], runs["fit"], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     assert abs(math.log(runs["adam"][2] / 0.5)) < 0.02 < abs(math.log(runs["optim"][2] / 0.5))
-    with pytest.raises(ValueError, match="num_obs"):
-        NaturalGradient(pyro.optim.Adam({"lr": 0.01}), 0.1, num_obs=0)
+    for bad in (0, True):  # True is an int to Python, not a number of observations
+        with pytest.raises(ValueError, match="num_obs"):
+            NaturalGradient(pyro.optim.Adam({"lr": 0.01}), 0.1, num_obs=bad)

@@ -40,7 +40,8 @@ def test_shorthands_equal_the_object():
 
 @pytest.mark.parametrize("field,value", [("lr", 1.5), ("lr", 0.0), ("lr", True), ("warmup", -1), ("warmup", 2.5),
                                          ("retraction", "yes"), ("layers", "first"), ("hidden_start", -2),
-                                         ("average", 1.5), ("average", 0.0), ("cooldown", 2.0), ("finish", "yes")])
+                                         ("average", 1.5), ("average", 0.0), ("cooldown", 2.0), ("finish", "yes"),
+                                         ("cooldown", "0.5"), ("average", "0.5")])  # a number's text is no fraction
 def test_a_bad_field_raises_naming_it(field, value):
     with pytest.raises(ValueError, match=f"NaturalPolicy.{field} must be"):
         NaturalPolicy(**{field: value})

@@ -72,3 +72,37 @@ def test_a_redone_window_counts_once_in_the_average():
     ref = (means[0] + means[1] + means[3]) / 3
     torch.testing.assert_close(gp.q_u.u_loc.detach(), ref)
     torch.testing.assert_close(gp.q_u.u_scale_tril.detach(), tril)
+
+
+def test_a_one_step_cooldown_ends_at_the_cooldown_factor():
+    """Adam's multiplier over a cooldown of one step (10 steps, cooldown 0.1: it starts at step 9): 1 up to the start,
+    then the whole log-linear decay over that one step, :data:`COOLDOWN_FACTOR` at step 10 (not half of it)."""
+    from pyro_sparsegp.infer.natgrad.policy import COOLDOWN_FACTOR
+
+    plan = resolve_natgrad(_gp(ps.Bernoulli()), 0.1, None, "analytic", num_steps=10, cooldown=0.1)[1]
+    assert plan.cooldown_start == 9
+    assert plan.adam_multiplier(8) == plan.adam_multiplier(9) == 1.0
+    assert plan.adam_multiplier(10) == pytest.approx(COOLDOWN_FACTOR)
+
+
+def test_the_step_control_scales_the_schedule():
+    """The step control's multiplier times the schedule (``_Controlled``): halved lengths after a collapse; a schedule
+    without a warm-up reports 0 warm-up steps."""
+    from types import SimpleNamespace
+
+    from pyro_sparsegp.infer.natgrad.policy import _Controlled
+    from pyro_sparsegp.infer.natgrad.schedules import LogLinearWarmup
+
+    control = SimpleNamespace(scale=0.5)
+    constant = _Controlled(lambda step: 0.2, control)
+    assert constant(3) == pytest.approx(0.1) and constant.steps == 0
+    warm = _Controlled(LogLinearWarmup(0.2, 5), control)
+    assert warm.steps == 5 and warm(5) == pytest.approx(0.1)
+
+
+def test_fit_refuses_a_per_family_retraction():
+    """``NaturalPolicy.retraction`` as a function ``family -> bool`` is ``NaturalGradient``'s; ``fit`` refuses it,
+    naming the field, rather than passing it on."""
+    gp = _gp(ps.Bernoulli())
+    with pytest.raises(ValueError, match="retraction under fit"):
+        resolve_natgrad(gp, 0.1, None, "analytic", num_steps=10, retraction=lambda q: True)
