@@ -18,7 +18,7 @@ MEANS = ("zero", "constant", "linear")
 def approximate_gp(Z: torch.Tensor, *, mean: str = "zero", latents: int | None = None, tasks: int | None = None,
                    lmc: bool = False, strategy=None, distribution="cholesky", mean_inducing: torch.Tensor | None = None,
                    learn_inducing: bool = True, lengthscale: float | torch.Tensor | None = None,
-                   outputscale: float | None = None):
+                   outputscale: float | None = None, shared_kernel: bool = False):
     """GPyTorch's ``ApproximateGP`` as its docs build it: a ``strategy`` (a class; default ``VariationalStrategy``,
     e.g. ``LargeBatchVariationalStrategy``) over the inducing inputs ``Z [M, D]`` (learnt unless
     ``learn_inducing=False``; GPyTorch copies ``Z``) with a q(u) of kind ``distribution`` (``"cholesky"``,
@@ -30,7 +30,9 @@ def approximate_gp(Z: torch.Tensor, *, mean: str = "zero", latents: int | None =
       inducing inputs with a ``DeltaVariationalDistribution`` (Salimbeni et al. 2018).
     * ``latents`` = Q: Q independent GPs (batch ``[Q]`` of the q(u), mean and kernel; ``Z`` repeated), wrapped in
       ``IndependentMultitaskVariationalStrategy`` (one task per latent) or, with ``lmc``,
-      ``LMCVariationalStrategy(num_tasks=tasks, num_latents=Q)`` (GPyTorch's SVGP multitask tutorial).
+      ``LMCVariationalStrategy(num_tasks=tasks, num_latents=Q)`` (GPyTorch's SVGP multitask tutorial);
+      ``shared_kernel``: one kernel for all Q (the batch-independent model of many groups that share
+      hyperparameters, ``benchmarks/groups.py``), else one per latent.
     """
     import gpytorch
 
@@ -57,8 +59,9 @@ def approximate_gp(Z: torch.Tensor, *, mean: str = "zero", latents: int | None =
             self.mean_module = {"zero": lambda: gpytorch.means.ZeroMean(batch_shape=batch),
                                 "constant": lambda: gpytorch.means.ConstantMean(batch_shape=batch),
                                 "linear": lambda: gpytorch.means.LinearMean(D, batch_shape=batch)}[mean]()
+            kb = torch.Size([]) if shared_kernel else batch
             self.covar_module = gpytorch.kernels.ScaleKernel(
-                gpytorch.kernels.RBFKernel(ard_num_dims=D, batch_shape=batch), batch_shape=batch)
+                gpytorch.kernels.RBFKernel(ard_num_dims=D, batch_shape=kb), batch_shape=kb)
             if lengthscale is not None:
                 self.covar_module.base_kernel.lengthscale = lengthscale
             if outputscale is not None:

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pyro
 import torch
+from _gpytorch import approximate_gp
 from pyro.contrib.gp.kernels import RBF
 
 import pyro_sparsegp as ps
@@ -177,20 +178,9 @@ def gpytorch_batch_independent(x, g, y, xt, gt, yt, G):
     (it evaluates all ``G`` GPs at a batch's rows: ``G B^2`` a step), Adam, the same steps and rate as ours."""
     import gpytorch
 
-    class Model(gpytorch.models.ApproximateGP):
-        def __init__(self):
-            Z = torch.linspace(float(x.min()), float(x.max()), M).expand(G, M).unsqueeze(-1).clone()
-            q = gpytorch.variational.CholeskyVariationalDistribution(M, batch_shape=torch.Size([G]))
-            s = gpytorch.variational.IndependentMultitaskVariationalStrategy(
-                gpytorch.variational.VariationalStrategy(self, Z, q, learn_inducing_locations=True), num_tasks=G)
-            super().__init__(s)
-            self.mean = gpytorch.means.ZeroMean(batch_shape=torch.Size([G]))
-            self.cov = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
-
-        def forward(self, t):
-            return gpytorch.distributions.MultivariateNormal(self.mean(t), self.cov(t))
-
-    model, lik = Model(), gpytorch.likelihoods.GaussianLikelihood()
+    Z = torch.linspace(float(x.min()), float(x.max()), M).unsqueeze(-1)
+    model = approximate_gp(Z, latents=G, shared_kernel=True)
+    lik = gpytorch.likelihoods.GaussianLikelihood()
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=len(y))
     opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=LR)
     present = torch.unique(g)

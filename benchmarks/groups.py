@@ -72,6 +72,7 @@ from pathlib import Path
 
 import pyro
 import torch
+from _gpytorch import approximate_gp
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.layers.group_data import GroupRows, join, split
@@ -155,20 +156,8 @@ def gpytorch_steps(G, data, base, M=8, groups_per_batch=64, warm=10, steps=60):
     X, group = split(data.X)
     y = data.y
 
-    class Model(gpytorch.models.ApproximateGP):
-        def __init__(self):
-            Z = torch.linspace(-2, 2, M).unsqueeze(-1).expand(G, M, 2).clone()
-            q = gpytorch.variational.CholeskyVariationalDistribution(M, batch_shape=torch.Size([G]))
-            s = gpytorch.variational.IndependentMultitaskVariationalStrategy(
-                gpytorch.variational.VariationalStrategy(self, Z, q, learn_inducing_locations=True), num_tasks=G)
-            super().__init__(s)
-            self.mean = gpytorch.means.ZeroMean(batch_shape=torch.Size([G]))
-            self.cov = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(self.mean(x), self.cov(x))
-
-    model = Model()
+    model = approximate_gp(torch.linspace(-2, 2, M).unsqueeze(-1).expand(M, 2).clone(), latents=G,
+                           shared_kernel=True)
     lik = gpytorch.likelihoods.GaussianLikelihood()
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=len(y))
     opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=0.01)
