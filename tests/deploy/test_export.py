@@ -129,7 +129,11 @@ def test_mean_only_program_folds_the_projection():
     random_q(gp.q_u)
     random_q(gp.q_v)
     (mean,) = ps.deploy.predictor(gp, what="mean")(X)
+    assert len(gp.strategy.cache) == 0  # the constants are taken; no factor is left behind in the layer's cache
     torch.testing.assert_close(mean, gp.predict(X)[0], rtol=1e-10, atol=1e-10)
+    sv = ps.SVGP(RBF(2), X[:4].clone(), ps.Gaussian(0.1))
+    ps.deploy.predictor(sv, what="mean")
+    assert len(sv.strategy.cache) == 0
 
 
 class _Wrapper(torch.nn.Module):
