@@ -27,10 +27,11 @@ population's ``<name>.pop.u``, and ``<name>.f`` and ``y`` in the data plate ``<n
 batch's rows of ``m`` and ``L`` are read (``index_select``; the constraint is applied to those rows only), so the
 forward pass is ``O(M^3 + R M^2)`` for ``R`` rows, whatever ``G``. The parameters are dense ``[G, M]`` and
 ``[G, M, M]`` tensors: the gradient of a gather is dense (zeros outside the batch's groups) and Adam updates every
-row, ``O(G M^2)`` per step of cheap element-wise work. ``sparse=True`` makes the two gradients sparse (``embedding``
-with ``sparse=True``); ``fit`` then steps them with ``torch.optim.SparseAdam`` (lazy: only the batch's rows move),
-and a step is flat in ``G`` (``benchmarks/groups.py`` measures both); a Pyro optimiser such as ``pyro.optim.Adam``
-refuses sparse gradients, so ``sparse=False`` (the default) is the one for ``SVI``.
+row, ``O(G M^2)`` per step of cheap element-wise work. Sparse gradients (``embedding`` with ``sparse=True``) let
+``fit`` step only the batch's rows (its Adam is lazy on them, as ``torch.optim.SparseAdam``), and a step is flat in
+``G`` (``benchmarks/groups.py`` measures both); a Pyro optimiser such as ``pyro.optim.Adam`` refuses sparse
+gradients. ``sparse="auto"`` (the default) therefore gives sparse gradients inside ``fit``'s steps and dense ones
+anywhere else (``SVI``); ``True``/``False`` force one.
 
 **Prediction.** :meth:`GroupGP.predict` ``(X, group)``: ``q(f_*) = q(f_0(x_*)) + q(f_{g}(x_*))`` for a known group;
 for a new group (``group`` ``-1``, or ``None``) the group GP is its prior, ``N(0, k(x_*, x_*))``, added to the
@@ -54,6 +55,7 @@ from .. import inducing as ind
 from ..checks.inputs import as_tensor
 from ..context.composition import layer_method
 from ..context.naming import KeepsOwnName, claim_name, unique_name
+from ..context.reporting import current_step
 from ..likelihoods.base import check_likelihood
 from ..variational import GaussianQ
 from .group_data import (
@@ -82,7 +84,8 @@ class GroupGP(GroupProgram, KeepsOwnName, PyroModule):
     :param population: ``True``: a population GP with a copy of ``kernel``; a kernel: the population's own
         kernel ``k_0``; ``None``/``False``: no population GP.
     :param str name: prefix of the sites and parameters (default ``"ggp"``, unique among live modules).
-    :param bool sparse: sparse gradients for the groups' ``m`` and ``L`` (module docstring, "Cost").
+    :param sparse: sparse gradients for the groups' ``m`` and ``L``: ``"auto"`` (inside ``fit``'s steps, dense
+        elsewhere), ``True`` or ``False`` (module docstring, "Cost").
 
     Inputs ``X [N, D + 1]``: the features and, in the last column, the group (:func:`group_data.join
     <pyro_sparsegp.layers.group_data.join>`); ``y [N]``. Parameters ``<name>.q_loc [G, M]``,
@@ -94,11 +97,13 @@ class GroupGP(GroupProgram, KeepsOwnName, PyroModule):
     _saving_aliases = {"Z": "inducing"}
 
     def __init__(self, kernel, Z, num_groups: int, likelihood=None, population=True, name: str | None = None,
-                 jitter: float | None = None, sparse: bool = False):
+                 jitter: float | None = None, sparse: bool | str = "auto"):
         name = unique_name("ggp") if name is None else name
         super().__init__(name=name)
         if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
             raise ValueError(f"num_groups must be an integer >= 1, got {num_groups!r}")
+        if sparse not in (True, False, "auto"):
+            raise ValueError(f"sparse must be True, False or 'auto', got {sparse!r}")
         inducing = Z if isinstance(Z, ind.InducingPoints) else None  # a saved layout gives the module back
         Z = inducing.Z.detach() if inducing is not None else as_tensor(Z, "Z")
         if Z.dim() != 2:
@@ -161,7 +166,7 @@ class GroupGP(GroupProgram, KeepsOwnName, PyroModule):
     # -- the pieces of q(f) --------------------------------------------------------------------------------------
     def _group_rows(self, idx: torch.Tensor):
         """``(m [g, M], L [g, M, M])`` of the groups ``idx [g]``: only those rows are read and transformed."""
-        if self.sparse:
+        if self.sparse is True or (self.sparse == "auto" and current_step() is not None):  # fit's steps (reporting)
             m = torch.nn.functional.embedding(idx, self.q_loc, sparse=True)
             raw = torch.nn.functional.embedding(idx, self.q_tril, sparse=True)
         else:

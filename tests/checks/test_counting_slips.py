@@ -195,7 +195,9 @@ def test_an_observed_value_with_more_dimensions_is_counted():
 @pytest.mark.parametrize("where", ["model", "guide"])
 def test_a_latent_site_left_of_the_plates_raises(where):
     """An expand on a latent site's loc: the model's prior of w (or the guide's q(w)) is counted twice."""
-    two = (lambda t: t.expand(2, *t.shape))
+    def two(t):
+        return t.expand(2, *t.shape)
+
     model, guide = _flat(lambda w, y: pyro.sample("y", dist.Normal(w, 1.0), obs=y),
                          **({"latent": two} if where == "model" else {"guide_latent": two}))
     which = "" if where == "model" else r" \(guide\)"

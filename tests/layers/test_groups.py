@@ -109,6 +109,24 @@ def test_a_step_reads_only_its_groups(sparse):
         assert gp.q_tril.grad.is_sparse and set(gp.q_tril.grad.coalesce().indices()[0].tolist()) == {1, 2}
 
 
+def test_auto_gradients_are_sparse_in_fits_steps_only():
+    """``sparse="auto"`` (the default): sparse gradients inside ``fit``'s steps (its Adam steps only the batch's rows),
+    dense anywhere else, as ``SVI`` with a Pyro optimiser needs."""
+    from pyro_sparsegp.context.reporting import at_step
+
+    X, group, y = _data()
+    gp = _layer()
+    Xb, yb = GroupRows(join(X, group), y)[torch.tensor([1, 2])]
+    gp.analytic_elbo(Xb, yb, num_data=G).backward()
+    assert not gp.q_loc.grad.is_sparse and not gp.q_tril.grad.is_sparse
+    gp.q_loc.grad = gp.q_tril.grad = None
+    with at_step(3):
+        gp.analytic_elbo(Xb, yb, num_data=G).backward()
+    assert gp.q_loc.grad.is_sparse and gp.q_tril.grad.is_sparse
+    with pytest.raises(ValueError, match="sparse must be"):
+        _layer(name="other", sparse="yes")
+
+
 def test_predict_for_known_and_new_groups_against_dense_algebra():
     X, group, y = _data()
     gp = _layer()
@@ -202,7 +220,7 @@ def test_pyro_program_estimates_the_closed_form_and_composes():
     assert any("lengthscale" in n for n in names)
 
 
-@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("sparse", [False, True, "auto"])
 def test_fit_trains_every_parameter_and_saving_reloads(sparse, tmp_path):
     X, group, y = _data()
     gp = _layer(sparse=sparse)
