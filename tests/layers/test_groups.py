@@ -237,3 +237,106 @@ def test_fit_trains_every_parameter_and_saving_reloads(sparse, tmp_path):
     assert back.name == "ggp"
     for a, b in zip(want, back.predict(Xs, gs), strict=True):
         assert torch.equal(a, b)
+
+
+def test_defaults_names_and_num_groups():
+    """By default a GroupGP has a population GP (a copy of the kernel): at the initial q (both at their prior) a new
+    group's predictive variance is k(x, x) + k_0(x, x) = 2 k(x, x); two layers left unnamed get distinct names;
+    num_groups must be an integer >= 1."""
+    Z, Xs = torch.linspace(-2, 2, M).unsqueeze(-1), torch.linspace(-1, 1, 3).unsqueeze(-1)
+    kern = RBF(1, lengthscale=torch.tensor(0.8))
+    a, b = ps.GroupGP(kern, Z, G), ps.GroupGP(kern, Z, G)
+    assert a.name != b.name
+    mean, var = a.predict(Xs)
+    with torch.no_grad():
+        assert torch.allclose(mean, torch.zeros(3), atol=1e-5)
+        assert torch.allclose(var, 2 * kern(Xs, diag=True), rtol=1e-4)
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="num_groups"):
+            ps.GroupGP(kern, Z, bad)
+
+
+def test_input_checks_and_y_column():
+    """A group column that is not an integer is refused, ``y [N, 1]`` is read as ``y [N]``, and ``predict`` refuses
+    features of the wrong width even with a well-shaped ``group``."""
+    X, group, y = _data()
+    gp = _layer()
+    Xj = join(X, group)
+    bad = Xj.clone()
+    bad[0, -1] = 1.5
+    with pytest.raises(ValueError, match="group"):
+        gp.analytic_elbo(bad, y)
+    assert torch.equal(gp.analytic_elbo(Xj, y.unsqueeze(-1)), gp.analytic_elbo(Xj, y))
+    with pytest.raises(ValueError, match="predict takes"):
+        gp.predict(torch.zeros(3, 3), torch.tensor([0, 1, 2]))
+
+
+def test_join_of_batched_features_and_split():
+    """``join`` appends the group as the last column for features with leading dimensions too (``[B, N, D]``,
+    ``group [B, N]``), as ``split`` reads ``[..., N, D + 1]``."""
+    X = torch.arange(12.0).reshape(2, 3, 2)
+    group = torch.tensor([[0, 1, 1], [0, 1, 1]])
+    J = join(X, group)
+    assert J.shape == (2, 3, 3)
+    for b in range(2):
+        assert torch.equal(J[b], torch.cat([X[b], group[b].to(X.dtype).unsqueeze(-1)], -1))
+    Xf, g = ps.layers.groups.split(J)
+    assert torch.equal(Xf, X) and torch.equal(g, group[0])
+
+
+def test_model_log_density_on_a_subsample_is_the_dense_scaled_joint():
+    """The model's log density at the guide's draw on g of the G groups (no num_data) is the dense joint
+    log N(v_0; 0, I) + G/g sum over the drawn groups of [log N(v_k; 0, I) + sum over their rows of
+    log p(f_n | v_0, v_k) + log N(y_n; f_n, noise)]."""
+    X, group, y = _data()
+    gp = _layer()
+    Xj = join(X, group)
+    pyro.set_rng_seed(3)
+    gtr = poutine.trace(gp.guide).get_trace(Xj, y, subsample_size=2)
+    mtr = poutine.trace(poutine.replay(gp.model, trace=gtr)).get_trace(Xj, y, subsample_size=2)
+    idx = gtr.nodes["ggp.groups"]["value"]
+    rows = torch.isin(group, idx).nonzero().squeeze(-1)
+    with torch.no_grad():
+        d = lambda t: t.detach().double()  # noqa: E731
+        v0, v = d(gtr.nodes["ggp.pop.u"]["value"]), d(gtr.nodes["ggp.u"]["value"]).squeeze(-2)  # [M], [2, M]
+        f = d(gtr.nodes["ggp.f"]["value"])  # [R]
+        kern, pop = copy.deepcopy(gp.kernel).double(), copy.deepcopy(gp.population).double()
+        Z, Xf, Z0 = gp.Z.double(), X.double(), torch.zeros(M, M, dtype=torch.float64)
+        std = dist.Normal(torch.zeros(M, dtype=torch.float64), 1.0).to_event(1)
+        loc0, var0 = _dense_q(pop, Z, Xf, v0, Z0)
+        groups = 0.0
+        for j, k in enumerate(idx.tolist()):
+            sel = group[rows] == k
+            loc, var = _dense_q(kern, Z, Xf[rows][sel], v[j], Z0)
+            fk = f[sel]
+            groups = groups + std.log_prob(v[j]) + dist.Normal(loc0[rows][sel] + loc, (var0[rows][sel] + var).sqrt()
+                                                               ).log_prob(fk).sum()
+            groups = groups + dist.Normal(fk, math.sqrt(NOISE)).log_prob(y[rows][sel].double()).sum()
+        want = std.log_prob(v0) + G / 2 * groups
+    tol = 1e-6 if X.dtype == torch.float64 else 1e-2
+    assert math.isclose(mtr.log_prob_sum().item(), want.item(), rel_tol=tol, abs_tol=tol)
+
+
+def test_variance_hyperprior_under_vectorised_particles():
+    """A PyroSample kernel variance drawn per particle ``[P, 1, 1]``: ``p(f | v)`` has batch shape ``[P, 1, R]`` and
+    each particle's variance is the dense conditional's under that particle's kernel."""
+    k = RBF(1, lengthscale=torch.tensor(0.8))
+    k.variance = PyroSample(dist.LogNormal(0.0, 1.0))
+    gp = ps.GroupGP(k, torch.linspace(-2, 2, M).unsqueeze(-1), 3, ps.Gaussian(NOISE), population=None, name="hv")
+    X, group = torch.linspace(-1, 1, 6).unsqueeze(-1), torch.tensor([0, 0, 1, 1, 2, 2])
+    P = 3
+    with pyro.plate("particles", P, dim=-3):
+        tr = poutine.trace(gp.guide).get_trace(join(X, group), torch.zeros(6))
+    fn, var_p = tr.nodes["hv.f"]["fn"], tr.nodes["hv.kernel.variance"]["value"].detach()
+    v = tr.nodes["hv.u"]["value"].detach().squeeze(-2)  # [P, 3, M]
+    assert fn.batch_shape == (P, 1, 6)
+    tol = 1e-6 if X.dtype == torch.float64 else 1e-3
+    with torch.no_grad():
+        for p in range(P):
+            kp = RBF(1, variance=var_p[p].reshape(()).double(), lengthscale=torch.tensor(0.8, dtype=torch.float64))
+            for g in range(3):
+                rows = group == g
+                loc, var = _dense_q(kp, gp.Z.double(), X[rows].double(), v[p, g].double(),
+                                    torch.zeros(M, M, dtype=torch.float64))
+                assert torch.allclose(fn.loc[p, 0, rows].double(), loc, atol=tol)
+                assert torch.allclose(fn.scale[p, 0, rows].double() ** 2, var, atol=tol)
