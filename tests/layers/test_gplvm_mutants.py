@@ -3,8 +3,11 @@
 reconstruct's moments (Gauss-Hermite quadrature of dense q(f | x) plus the noise). Tiny sizes, ~1 CPU-second."""
 
 import numpy as np
+import pyro
+import pyro.distributions as dist
 import pytest
 import torch
+from pyro.nn import PyroSample
 
 import pyro_sparsegp as ps
 from pyro_sparsegp.bounds import svgp as B
@@ -107,3 +110,23 @@ def test_reconstruct_moments_match_quadrature():
     se = (Evar / S).sqrt()
     assert bool(((mean.double() - Emu).abs() < 5 * se + 1e-4).all()), (mean, Emu)
     assert torch.allclose(var.double(), Evar + 0.5, rtol=0.05), (var, Evar + 0.5)
+
+
+def test_infer_latent_refuses_a_hyperprior_before_any_call():
+    """A PyroSample lengthscale on a GPLVM never run in a Pyro program: infer_latent raises the ValueError that names
+    the hyperprior (not an internal error about site names)."""
+    k = pyro.contrib.gp.kernels.RBF(2)
+    k.lengthscale = PyroSample(dist.LogNormal(torch.zeros(2), 1.0).to_event(1))
+    g = ps.GPLVM(3, 2, num_inducing=3, num_data=5, kernel=k)
+    with pytest.raises(ValueError, match="hyperprior"):
+        g.infer_latent(torch.randn(2, 3), steps=1)
+
+
+# Surviving mutants judged equivalent (no program can tell them from the original):
+# - gplvm.py:177 rows(): unsqueeze(-1) -> unsqueeze(1) on the 1-D arange gives the same [N, 1] tensor.
+# - gplvm_inference.py:70 pca_init: svd(full_matrices=True) has the same S and the same first min(N, D) columns of U
+#   (checked: equal to 1e-16, same signs); only U's unused extra columns (memory) differ.
+# - gplvm_inference.py:103 _chunk: max(1, ...) -> max(2, ...) only matters when a single row exceeds 2^23 elements;
+#   rows are independent and Adam is element-wise, so only memory and which random draws go to which row change
+#   (same distribution).
+# - gplvm_inference.py:123 _start: score.argmax(-1) -> argmax(1) on the 2-D [B, C] score is the same axis.
