@@ -340,3 +340,37 @@ def test_variance_hyperprior_under_vectorised_particles():
                                     torch.zeros(M, M, dtype=torch.float64))
                 assert torch.allclose(fn.loc[p, 0, rows].double(), loc, atol=tol)
                 assert torch.allclose(fn.scale[p, 0, rows].double() ** 2, var, atol=tol)
+
+
+def test_without_a_population_the_bound_and_predictions_are_the_groups_alone():
+    """``population=False``: the bound is the dense per-group sum with no population term or KL, a known group
+    predicts its own q, a new group its prior ``N(0, k(x, x))``; one group (``G = 1``) is a valid layer."""
+    X, group, y = _data()
+    gp = _layer(name="nopop")
+    gp_alone = ps.GroupGP(RBF(1, lengthscale=torch.tensor(0.8)), torch.linspace(-2, 2, M).unsqueeze(-1), G,
+                          ps.Gaussian(NOISE), population=False, name="alone")
+    with torch.no_grad():
+        gp_alone.q_loc.copy_(gp.q_loc)
+        gp_alone.q_tril.copy_(gp.q_tril)
+    assert gp_alone.population is None and gp_alone.q_pop is None
+    Z, L = gp_alone.Z.detach(), _tril(gp_alone).detach()
+    want = 0.0
+    for k in range(G):
+        rows = group == k
+        Sg = L[k] @ L[k].mT
+        mu, var = _dense_q(gp_alone.kernel, Z, X[rows], gp_alone.q_loc[k].detach(), Sg)
+        want += (-0.5 * math.log(2 * math.pi * NOISE) - ((y[rows] - mu) ** 2 + var) / (2 * NOISE)).sum()
+        want -= torch.distributions.kl_divergence(dist.MultivariateNormal(gp_alone.q_loc[k].detach(), Sg),
+                                                  dist.MultivariateNormal(torch.zeros(M), torch.eye(M)))
+    got = gp_alone.analytic_elbo(join(X, group), y).detach()
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-5)
+    Xs = torch.linspace(-1, 1, 3).unsqueeze(-1)
+    mean, var = gp_alone.predict(Xs, torch.tensor([2, -1, 2]))
+    m2, v2 = _dense_q(gp_alone.kernel, Z, Xs, gp_alone.q_loc[2].detach(), L[2] @ L[2].mT)
+    k = gp_alone.kernel(Xs, diag=True).detach()
+    assert torch.allclose(mean, torch.stack([m2[0], torch.tensor(0.0, dtype=m2.dtype), m2[2]]), atol=1e-5)
+    assert torch.allclose(var, torch.stack([v2[0], k[1], v2[2]]), rtol=1e-5, atol=1e-6)
+    one = ps.GroupGP(RBF(1), torch.linspace(-2, 2, M).unsqueeze(-1), 1, ps.Gaussian(NOISE), name="one")
+    assert one.num_groups == 1 and one.q_loc.shape == (1, M)
+    with pytest.raises((TypeError, ValueError), match="likelihood"):
+        ps.GroupGP(RBF(1), torch.linspace(-2, 2, M).unsqueeze(-1), G, likelihood="gaussian", name="badlik")
